@@ -1,0 +1,552 @@
+//! `kairosctl`: the command line for everything the Kairos API does.
+//! Human tables by default, `--output json` for scripts.
+
+mod exec;
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kairos_client::{pb, Client};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(
+    name = "kairosctl",
+    version,
+    about = "Command line for a Kairos cluster"
+)]
+struct Cli {
+    /// Cluster endpoints, host:port,... (any node; the client follows the leader).
+    #[arg(
+        long,
+        env = "KAIROS_ENDPOINTS",
+        default_value = "127.0.0.1:7070",
+        value_delimiter = ',',
+        global = true
+    )]
+    endpoints: Vec<String>,
+    #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create, inspect and control jobs.
+    #[command(subcommand)]
+    Job(JobCmd),
+    /// Inspect runs.
+    #[command(subcommand)]
+    Runs(RunsCmd),
+    /// Cluster administration.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+    /// Run a ready worker for a group. WARNING: it EXECUTES whatever the jobs
+    /// of that group send it (`--exec shell` runs the payload with `sh -c`).
+    Worker(exec::WorkerArgs),
+}
+
+#[derive(Subcommand)]
+enum JobCmd {
+    Create(SpecArgs),
+    /// Replace a job's definition (flags as for create); --revision makes it a compare-and-set.
+    Update {
+        #[command(flatten)]
+        spec: SpecArgs,
+        #[arg(long, default_value_t = 0)]
+        revision: u64,
+    },
+    Get {
+        id: String,
+    },
+    List {
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+    Delete {
+        id: String,
+    },
+    Pause {
+        id: String,
+    },
+    Resume {
+        id: String,
+    },
+    /// Fire the job once now.
+    Trigger {
+        id: String,
+    },
+    /// The next fire times of a job.
+    Next {
+        id: String,
+        #[arg(long, default_value_t = 5)]
+        count: u32,
+    },
+}
+
+#[derive(Args)]
+struct SpecArgs {
+    id: String,
+    /// Cron expression: 5 fields, 6 (seconds first) or 7 (with year).
+    #[arg(long, group = "schedule")]
+    cron: Option<String>,
+    /// IANA time zone for --cron (default UTC).
+    #[arg(long, requires = "cron")]
+    tz: Option<String>,
+    /// Fixed rate, e.g. 200ms, 30s, 1m, 1h30m.
+    #[arg(long, group = "schedule")]
+    every: Option<String>,
+    /// One-shot at an RFC 3339 time, e.g. 2026-12-01T09:00:00Z.
+    #[arg(long, group = "schedule")]
+    at: Option<String>,
+    /// One-shot after a delay, e.g. 30m.
+    #[arg(long, group = "schedule")]
+    after: Option<String>,
+    #[arg(long)]
+    group: String,
+    #[arg(long, default_value = "")]
+    payload: String,
+    #[arg(long, value_parser = ["fire-all", "fire-once", "skip"], default_value = "fire-all")]
+    misfire: String,
+    /// Lateness beyond which the misfire policy applies (default 60s).
+    #[arg(long)]
+    grace: Option<String>,
+    /// Attempt deadline (default 60s).
+    #[arg(long)]
+    timeout: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    max_attempts: u32,
+    /// Base retry backoff, doubled per attempt (default 1s).
+    #[arg(long)]
+    backoff: Option<String>,
+    /// 1 (lowest) to 10 (highest).
+    #[arg(long, default_value_t = 5)]
+    priority: u32,
+    #[arg(long, value_parser = ["allow", "forbid", "buffer-one", "replace"], default_value = "allow")]
+    overlap: String,
+}
+
+#[derive(Subcommand)]
+enum RunsCmd {
+    /// Runs of a job ordered by scheduled time.
+    List {
+        #[arg(long)]
+        job: String,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    Get {
+        run: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    Status,
+}
+
+/// Parses "200ms", "30s", "1m", "1h30m", "2d" into milliseconds.
+fn duration_ms(s: &str) -> anyhow::Result<u64> {
+    let mut total: u64 = 0;
+    let mut rest = s.trim();
+    anyhow::ensure!(!rest.is_empty(), "duration: empty");
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        anyhow::ensure!(
+            digits > 0,
+            "duration {s:?}: expected a number before the unit"
+        );
+        let n: u64 = rest[..digits]
+            .parse()
+            .with_context(|| format!("duration {s:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let mult = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            u => bail!("duration {s:?}: unknown unit {u:?} (use ms, s, m, h, d)"),
+        };
+        total = n
+            .checked_mul(mult)
+            .and_then(|v| total.checked_add(v))
+            .context("duration: too large")?;
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+fn opt_ms(s: &Option<String>) -> anyhow::Result<u64> {
+    s.as_deref()
+        .map(duration_ms)
+        .transpose()
+        .map(|v| v.unwrap_or(0))
+}
+
+fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
+    use pb::schedule::Kind;
+    let kind = if let Some(c) = &a.cron {
+        Kind::Cron(pb::Cron {
+            expr: c.clone(),
+            tz: a.tz.clone().unwrap_or_default(),
+        })
+    } else if let Some(e) = &a.every {
+        Kind::EveryMs(duration_ms(e)?)
+    } else if let Some(t) = &a.at {
+        let t = chrono::DateTime::parse_from_rfc3339(t)
+            .with_context(|| format!("--at {t:?}: expected RFC 3339"))?;
+        Kind::AtMs(t.timestamp_millis())
+    } else if let Some(d) = &a.after {
+        Kind::AfterMs(duration_ms(d)?)
+    } else {
+        bail!("schedule: give one of --cron, --every, --at, --after");
+    };
+    let misfire = match a.misfire.as_str() {
+        "fire-once" => pb::MisfirePolicy::FireOnce,
+        "skip" => pb::MisfirePolicy::Skip,
+        _ => pb::MisfirePolicy::FireAll,
+    };
+    let overlap = match a.overlap.as_str() {
+        "forbid" => pb::OverlapPolicy::Forbid,
+        "buffer-one" => pb::OverlapPolicy::BufferOne,
+        "replace" => pb::OverlapPolicy::Replace,
+        _ => pb::OverlapPolicy::Allow,
+    };
+    Ok(pb::JobSpec {
+        id: a.id.clone(),
+        schedule: Some(pb::Schedule { kind: Some(kind) }),
+        group: a.group.clone(),
+        payload: a.payload.clone().into_bytes(),
+        misfire: misfire as i32,
+        misfire_grace_ms: opt_ms(&a.grace)?,
+        timeout_ms: opt_ms(&a.timeout)?,
+        max_attempts: a.max_attempts,
+        backoff_ms: opt_ms(&a.backoff)?,
+        priority: a.priority,
+        overlap: overlap as i32,
+    })
+}
+
+fn run_state(s: i32) -> &'static str {
+    match pb::RunState::try_from(s).unwrap_or(pb::RunState::Unspecified) {
+        pb::RunState::Pending => "pending",
+        pb::RunState::Running => "running",
+        pb::RunState::Succeeded => "succeeded",
+        pb::RunState::Failed => "failed",
+        pb::RunState::TimedOut => "timed-out",
+        pb::RunState::Skipped => "skipped",
+        pb::RunState::Cancelled => "cancelled",
+        pb::RunState::Unspecified => "unknown",
+    }
+}
+
+fn schedule_text(s: &Option<pb::Schedule>) -> String {
+    use pb::schedule::Kind;
+    match s.as_ref().and_then(|s| s.kind.as_ref()) {
+        Some(Kind::Cron(c)) if c.tz.is_empty() => format!("cron {}", c.expr),
+        Some(Kind::Cron(c)) => format!("cron {} ({})", c.expr, c.tz),
+        Some(Kind::EveryMs(ms)) => format!("every {ms}ms"),
+        Some(Kind::AtMs(ms)) => format!("at {}", time_text(*ms)),
+        Some(Kind::AfterMs(ms)) => format!("after {ms}ms"),
+        None => "-".into(),
+    }
+}
+
+fn time_text(ms: i64) -> String {
+    if ms == 0 {
+        return "-".into();
+    }
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_default()
+}
+
+fn job_json(j: &pb::Job) -> Value {
+    let s = j.spec.clone().unwrap_or_default();
+    json!({
+        "id": s.id, "group": s.group, "schedule": schedule_text(&s.schedule),
+        "payload": String::from_utf8_lossy(&s.payload), "revision": j.revision, "paused": j.paused,
+        "created_at_ms": j.created_at_ms, "updated_at_ms": j.updated_at_ms, "next_fire_at_ms": j.next_fire_at_ms,
+        "priority": s.priority, "max_attempts": s.max_attempts, "timeout_ms": s.timeout_ms,
+    })
+}
+
+fn run_json(r: &pb::Run) -> Value {
+    json!({
+        "run_id": r.run_id, "job": r.job, "scheduled_at_ms": r.scheduled_at_ms, "fired_at_ms": r.fired_at_ms,
+        "state": run_state(r.state), "attempt": r.attempt, "worker": r.worker, "received_at_ms": r.received_at_ms,
+        "finished_at_ms": r.finished_at_ms, "result": String::from_utf8_lossy(&r.result), "error": r.error, "note": r.note,
+    })
+}
+
+fn print_jobs(out: Output, jobs: &[pb::Job]) {
+    if out == Output::Json {
+        println!("{}", Value::Array(jobs.iter().map(job_json).collect()));
+        return;
+    }
+    println!(
+        "{:<24} {:<12} {:<32} {:>4} {:<7} NEXT FIRE",
+        "ID", "GROUP", "SCHEDULE", "REV", "PAUSED"
+    );
+    for j in jobs {
+        let s = j.spec.clone().unwrap_or_default();
+        let sched = schedule_text(&s.schedule);
+        println!(
+            "{:<24} {:<12} {:<32} {:>4} {:<7} {}",
+            s.id,
+            s.group,
+            sched,
+            j.revision,
+            j.paused,
+            time_text(j.next_fire_at_ms)
+        );
+    }
+}
+
+fn print_runs(out: Output, runs: &[pb::Run]) {
+    if out == Output::Json {
+        println!("{}", Value::Array(runs.iter().map(run_json).collect()));
+        return;
+    }
+    println!(
+        "{:<26} {:<26} {:<10} {:>3} {:<14} NOTE / ERROR",
+        "SCHEDULED", "FIRED", "STATE", "ATT", "WORKER"
+    );
+    for r in runs {
+        let note = if r.error.is_empty() {
+            r.note.clone()
+        } else {
+            format!("{} {}", r.note, r.error)
+        };
+        let (sched, fired) = (time_text(r.scheduled_at_ms), time_text(r.fired_at_ms));
+        println!(
+            "{sched:<26} {fired:<26} {:<10} {:>3} {:<14} {note}",
+            run_state(r.state),
+            r.attempt,
+            r.worker
+        );
+    }
+}
+
+async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
+    let by_id = |id: &str| pb::JobRef { id: id.to_string() };
+    match cmd {
+        JobCmd::Create(a) => {
+            let req = pb::CreateJobRequest {
+                spec: Some(spec(&a)?),
+            };
+            let j = c
+                .jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.create_job(r).await }
+                })
+                .await?;
+            print_jobs(out, &[j]);
+        }
+        JobCmd::Update { spec: a, revision } => {
+            let req = pb::UpdateJobRequest {
+                spec: Some(spec(&a)?),
+                expected_revision: revision,
+            };
+            let j = c
+                .jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.update_job(r).await }
+                })
+                .await?;
+            print_jobs(out, &[j]);
+        }
+        JobCmd::Get { id } => {
+            let j = c
+                .jobs(|mut j| {
+                    let r = by_id(&id);
+                    async move { j.get_job(r).await }
+                })
+                .await?;
+            print_jobs(out, &[j]);
+        }
+        JobCmd::List { limit } => print_jobs(out, &list_jobs(c, limit).await?),
+        JobCmd::Delete { id } => {
+            let r = c
+                .jobs(|mut j| {
+                    let r = by_id(&id);
+                    async move { j.delete_job(r).await }
+                })
+                .await?;
+            print_value(
+                out,
+                json!({ "id": id, "deleted": r.deleted }),
+                &format!("deleted {id}"),
+            );
+        }
+        JobCmd::Pause { id } => {
+            let j = c
+                .jobs(|mut j| {
+                    let r = by_id(&id);
+                    async move { j.pause_job(r).await }
+                })
+                .await?;
+            print_jobs(out, &[j]);
+        }
+        JobCmd::Resume { id } => {
+            let j = c
+                .jobs(|mut j| {
+                    let r = by_id(&id);
+                    async move { j.resume_job(r).await }
+                })
+                .await?;
+            print_jobs(out, &[j]);
+        }
+        JobCmd::Trigger { id } => {
+            let r = c
+                .jobs(|mut j| {
+                    let r = by_id(&id);
+                    async move { j.trigger_job(r).await }
+                })
+                .await?;
+            print_runs(out, &[r]);
+        }
+        JobCmd::Next { id, count } => {
+            let req = pb::NextFiresRequest {
+                id,
+                schedule: None,
+                count,
+            };
+            let r = c
+                .jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.next_fires(r).await }
+                })
+                .await?;
+            let text = r
+                .fire_at_ms
+                .iter()
+                .map(|t| time_text(*t))
+                .collect::<Vec<_>>()
+                .join("\n");
+            print_value(out, json!(r.fire_at_ms), &text);
+        }
+    }
+    Ok(())
+}
+
+async fn list_jobs(c: &Client, limit: usize) -> anyhow::Result<Vec<pb::Job>> {
+    let mut jobs = Vec::new();
+    let mut token = String::new();
+    while jobs.len() < limit {
+        let req = pb::ListJobsRequest {
+            page_size: (limit - jobs.len()).min(1000) as u32,
+            page_token: token.clone(),
+        };
+        let page = c
+            .jobs(|mut j| {
+                let r = req.clone();
+                async move { j.list_jobs(r).await }
+            })
+            .await?;
+        jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    Ok(jobs)
+}
+
+fn print_value(out: Output, v: Value, text: &str) {
+    if out == Output::Json {
+        println!("{v}");
+    } else {
+        println!("{text}");
+    }
+}
+
+async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
+    let s = c.status().await?;
+    if out == Output::Json {
+        let nodes: Vec<Value> = s
+            .nodes
+            .iter()
+            .map(|n| json!({"id": n.id, "addr": n.addr, "role": n.role, "applied_index": n.applied_index,
+                            "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms}))
+            .collect();
+        println!("{}", json!({ "leader": s.leader, "nodes": nodes }));
+        return Ok(());
+    }
+    println!("leader: node {}", s.leader);
+    println!(
+        "{:<4} {:<22} {:<12} {:>8} {:>6} {:>10} DIGEST",
+        "ID", "ADDR", "ROLE", "APPLIED", "TERM", "SKEW(ms)"
+    );
+    for n in &s.nodes {
+        let d = n.state_digest.get(..16).unwrap_or(&n.state_digest);
+        println!(
+            "{:<4} {:<22} {:<12} {:>8} {:>6} {:>10} {d}",
+            n.id, n.addr, n.role, n.applied_index, n.term, n.clock_offset_ms
+        );
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let client = Client::new(cli.endpoints.clone()).with_retry_for(Duration::from_secs(15));
+    let res = match cli.cmd {
+        Cmd::Job(j) => job_cmd(&client, cli.output, j).await,
+        Cmd::Runs(RunsCmd::List { job, limit }) => client
+            .list_runs(&job, limit)
+            .await
+            .map(|r| print_runs(cli.output, &r))
+            .map_err(Into::into),
+        Cmd::Runs(RunsCmd::Get { run }) => {
+            let req = pb::RunRef { run_id: run };
+            client
+                .runs(|mut c| {
+                    let r = req.clone();
+                    async move { c.get_run(r).await }
+                })
+                .await
+                .map(|r| print_runs(cli.output, &[r]))
+                .map_err(Into::into)
+        }
+        Cmd::Cluster(ClusterCmd::Status) => cluster_status(&client, cli.output).await,
+        Cmd::Worker(w) => exec::run(cli.endpoints, w).await,
+    };
+    if let Err(e) = res {
+        match e.downcast_ref::<tonic::Status>() {
+            Some(s) => eprintln!("error: {} ({:?})", s.message(), s.code()),
+            None => eprintln!("error: {e:#}"),
+        }
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration_ms;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration_ms("200ms").unwrap(), 200);
+        assert_eq!(duration_ms("1h30m").unwrap(), 5_400_000);
+        assert_eq!(duration_ms("2d").unwrap(), 172_800_000);
+        assert!(duration_ms("").is_err());
+        assert!(duration_ms("5x").is_err());
+        assert!(duration_ms("ms").is_err());
+    }
+}

@@ -1,0 +1,252 @@
+//! Kairos client library: a [`Client`] that finds the leader among the
+//! given endpoints and retries transparently, and the worker SDK
+//! ([`worker::Worker`]). `kairosctl` is built on both.
+
+pub mod worker;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use kairos_proto::v1 as pb;
+use pb::{cluster_client::ClusterClient, jobs_client::JobsClient, runs_client::RunsClient};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// Metadata key the server uses for the leader's address on a redirect.
+pub const LEADER_HEADER: &str = "x-kairos-leader";
+/// Metadata key that asks a node for its local state (no forwarding).
+pub const LOCAL_HEADER: &str = "x-kairos-local";
+
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Mutex<Vec<String>>,
+    current: Mutex<usize>,
+    channels: Mutex<HashMap<String, Channel>>,
+    retry_for: Duration,
+}
+
+/// Opens a lazily connecting channel; `addr` is host:port or a URL.
+pub fn channel(addr: &str) -> Result<Channel, Status> {
+    let url = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    let ep = Endpoint::from_shared(url)
+        .map_err(|e| Status::invalid_argument(format!("endpoint {addr:?}: {e}")))?;
+    Ok(ep
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+/// Whether a call may be retried on another node without changing its meaning.
+fn retryable(s: &Status) -> bool {
+    match s.code() {
+        Code::Unavailable => true,
+        Code::Unknown | Code::Internal => {
+            s.message().contains("transport") || s.message().contains("connection")
+        }
+        _ => false,
+    }
+}
+
+impl Client {
+    /// A client over `endpoints` (host:port). Retries for up to 10 s by default.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        let endpoints: Vec<String> = endpoints
+            .into_iter()
+            .map(Into::into)
+            .filter(|s: &String| !s.is_empty())
+            .collect();
+        Client {
+            inner: Arc::new(Inner {
+                endpoints: Mutex::new(endpoints),
+                current: Mutex::new(0),
+                channels: Mutex::new(HashMap::new()),
+                retry_for: Duration::from_secs(10),
+            }),
+        }
+    }
+
+    /// How long a call keeps retrying through leader changes.
+    pub fn with_retry_for(self, d: Duration) -> Self {
+        let inner = Inner {
+            endpoints: Mutex::new(self.endpoints()),
+            current: Mutex::new(0),
+            channels: Mutex::new(HashMap::new()),
+            retry_for: d,
+        };
+        Client {
+            inner: Arc::new(inner),
+        }
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.inner
+            .endpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn current(&self) -> Option<String> {
+        let eps = self
+            .inner
+            .endpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let i = *self.inner.current.lock().unwrap_or_else(|e| e.into_inner());
+        eps.get(i % eps.len().max(1)).cloned()
+    }
+
+    fn rotate(&self, hint: Option<String>) {
+        let mut eps = self
+            .inner
+            .endpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut cur = self.inner.current.lock().unwrap_or_else(|e| e.into_inner());
+        match hint {
+            Some(h) => {
+                let i = eps.iter().position(|e| *e == h).unwrap_or_else(|| {
+                    eps.push(h);
+                    eps.len() - 1
+                });
+                *cur = i;
+            }
+            None => *cur = (*cur + 1) % eps.len().max(1),
+        }
+    }
+
+    pub fn channel_to(&self, addr: &str) -> Result<Channel, Status> {
+        let mut map = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = map.get(addr) {
+            return Ok(c.clone());
+        }
+        let c = channel(addr)?;
+        map.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Runs `f` against the current endpoint, following leader hints and
+    /// trying other endpoints while the cluster is unavailable.
+    pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let deadline = Instant::now() + self.inner.retry_for;
+        let mut attempt = 0u32;
+        loop {
+            let addr = self
+                .current()
+                .ok_or_else(|| Status::invalid_argument("endpoints: none given"))?;
+            let err = match f(self.channel_to(&addr)?).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(e) => e,
+            };
+            if !retryable(&err) || Instant::now() >= deadline {
+                return Err(err);
+            }
+            let hint = err
+                .metadata()
+                .get(LEADER_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            self.rotate(hint.filter(|h| *h != addr));
+            attempt += 1;
+            tokio::time::sleep(Duration::from_millis((25u64 << attempt.min(4)).min(400))).await;
+        }
+    }
+
+    pub async fn jobs<T, F, Fut>(&self, f: F) -> Result<T, Status>
+    where
+        F: Fn(JobsClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call(|c| f(JobsClient::new(c).max_decoding_message_size(8 << 20)))
+            .await
+    }
+
+    pub async fn runs<T, F, Fut>(&self, f: F) -> Result<T, Status>
+    where
+        F: Fn(RunsClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call(|c| f(RunsClient::new(c).max_decoding_message_size(64 << 20)))
+            .await
+    }
+
+    pub async fn status(&self) -> Result<pb::StatusResponse, Status> {
+        self.call(|c| async move { ClusterClient::new(c).status(pb::StatusRequest {}).await })
+            .await
+    }
+
+    /// Runs of `job` in scheduled order, paging through the server's pages up to `limit`.
+    pub async fn list_runs(&self, job: &str, limit: usize) -> Result<Vec<pb::Run>, Status> {
+        let mut out = Vec::new();
+        let mut after = 0i64;
+        while out.len() < limit {
+            let page_size = (limit - out.len()).min(1000) as u32;
+            let req = pb::ListRunsRequest {
+                job: job.to_string(),
+                page_size,
+                after_scheduled_at_ms: after,
+            };
+            let page = self.runs(|mut c| {
+                let req = req.clone();
+                async move { c.list_runs(req).await }
+            });
+            let page = page.await?;
+            out.extend(page.runs);
+            if page.next_after_scheduled_at_ms == 0 {
+                break;
+            }
+            after = page.next_after_scheduled_at_ms;
+        }
+        Ok(out)
+    }
+
+    /// Runs of `job` as stored on the node at `addr` itself (no forwarding, no read index).
+    pub async fn list_runs_local(
+        &self,
+        addr: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<pb::Run>, Status> {
+        let mut out = Vec::new();
+        let mut after = 0i64;
+        let mut client =
+            RunsClient::new(self.channel_to(addr)?).max_decoding_message_size(64 << 20);
+        while out.len() < limit {
+            let page_size = (limit - out.len()).min(1000) as u32;
+            let mut req = tonic::Request::new(pb::ListRunsRequest {
+                job: job.to_string(),
+                page_size,
+                after_scheduled_at_ms: after,
+            });
+            req.metadata_mut().insert(
+                LOCAL_HEADER,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+            let page = client.list_runs(req).await?.into_inner();
+            out.extend(page.runs);
+            if page.next_after_scheduled_at_ms == 0 {
+                break;
+            }
+            after = page.next_after_scheduled_at_ms;
+        }
+        Ok(out)
+    }
+}

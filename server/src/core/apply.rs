@@ -1,0 +1,729 @@
+//! `apply(view, command) -> Applied`: the deterministic heart of Kairos.
+//!
+//! Invariants kept here:
+//! - each enabled job with a future occurrence has exactly one Occurrence
+//!   entry in the wheel, at `job.next_fire_at_ms`;
+//! - a run `(job, scheduled_at)` is created at most once, ever;
+//! - nothing fires before its time: a key with `fire_at_ms > now` is skipped;
+//! - the next occurrence is computed from the *scheduled* time (no drift);
+//! - state-machine time (`META_TIME`) never goes backwards;
+//! - a refused command produces no writes.
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use super::codec::{decode, encode};
+use super::command::{Command, CommandError, FinishReport, Response};
+use super::keys;
+use super::types::*;
+use super::validate;
+use super::view::{Overlay, StateView, Write};
+
+/// Work for the leader that follows from a committed change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// A wheel entry was added; the leader loads it if inside its horizon.
+    Scheduled(WheelKey),
+    /// A run attempt waits for a worker.
+    Ready {
+        run: RunId,
+        attempt: u32,
+        group: String,
+        priority: u8,
+        timeout_ms: u64,
+    },
+    /// A run attempt ended: release its worker slot and lease.
+    Ended { run: RunId, attempt: u32 },
+    /// Tell the worker holding this attempt to stop.
+    Cancel { run: RunId, attempt: u32 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub response: Response,
+    pub writes: Vec<Write>,
+    pub effects: Vec<Effect>,
+}
+
+/// Applies one command. Pure: the result depends only on `view` and `cmd`.
+pub fn apply<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
+    let mut tx = Tx {
+        o: Overlay::new(view),
+        effects: Vec::new(),
+        now: 0,
+    };
+    tx.now = tx.advance_time(command_time(cmd));
+    match tx.run(cmd) {
+        Ok(response) => Applied {
+            response,
+            writes: tx.o.into_writes(),
+            effects: tx.effects,
+        },
+        Err(e) => Applied {
+            response: Response::Error(e),
+            writes: Vec::new(),
+            effects: Vec::new(),
+        },
+    }
+}
+
+fn command_time(cmd: &Command) -> i64 {
+    match cmd {
+        Command::CreateJob { now_ms, .. }
+        | Command::UpdateJob { now_ms, .. }
+        | Command::DeleteJob { now_ms, .. }
+        | Command::PauseJob { now_ms, .. }
+        | Command::ResumeJob { now_ms, .. }
+        | Command::TriggerJob { now_ms, .. }
+        | Command::Fire { now_ms, .. }
+        | Command::Assign { now_ms, .. }
+        | Command::Finish { now_ms, .. }
+        | Command::Expire { now_ms, .. }
+        | Command::RetryRun { now_ms, .. } => *now_ms,
+    }
+}
+
+/// Reads the state-machine time from a view (0 before the first command).
+pub fn state_time<V: StateView + ?Sized>(view: &V) -> i64 {
+    view.get(keys::META_TIME)
+        .and_then(|b| decode(&b).ok())
+        .unwrap_or(0)
+}
+
+struct Tx<'a, V: StateView + ?Sized> {
+    o: Overlay<'a, V>,
+    effects: Vec<Effect>,
+    now: i64,
+}
+
+fn get<T: DeserializeOwned, V: StateView + ?Sized>(v: &V, key: &[u8]) -> Option<T> {
+    // A value that does not decode means the store is corrupt; continuing would diverge.
+    v.get(key)
+        .map(|b| decode(&b).expect("corrupt replicated state value"))
+}
+
+impl<V: StateView + ?Sized> Tx<'_, V> {
+    fn advance_time(&mut self, cmd_now: i64) -> i64 {
+        let prev = state_time(&self.o);
+        let now = prev.max(cmd_now);
+        if now != prev {
+            self.o.put(keys::META_TIME.to_vec(), encode(&now));
+        }
+        now
+    }
+
+    fn run(&mut self, cmd: &Command) -> Result<Response, CommandError> {
+        match cmd {
+            Command::CreateJob { spec, .. } => self.create_job(spec).map(Response::Job),
+            Command::UpdateJob {
+                spec,
+                expected_revision,
+                ..
+            } => self.update_job(spec, *expected_revision).map(Response::Job),
+            Command::DeleteJob { id, .. } => self.delete_job(id).map(Response::Deleted),
+            Command::PauseJob { id, .. } => self.pause_job(id).map(Response::Job),
+            Command::ResumeJob { id, .. } => self.resume_job(id).map(Response::Job),
+            Command::TriggerJob { id, .. } => self.trigger_job(id).map(Response::Run),
+            Command::Fire { keys, .. } => self.fire(keys),
+            Command::Assign { assignments, .. } => Ok(self.assign(assignments)),
+            Command::Finish { reports, .. } => self.finish_all(reports),
+            Command::Expire { expired, .. } => Ok(self.expire_all(expired)),
+            Command::RetryRun { run, .. } => self.retry_run(run).map(Response::Run),
+        }
+    }
+
+    // ------------------------------------------------------------ storage helpers
+
+    fn put<T: Serialize>(&mut self, key: Vec<u8>, v: &T) {
+        self.o.put(key, encode(v));
+    }
+
+    fn job(&self, id: &str) -> Result<Job, CommandError> {
+        get(&self.o, &keys::job(id)).ok_or_else(|| CommandError::NotFound(id.to_string()))
+    }
+
+    fn run_rec(&self, id: &RunId) -> Option<Run> {
+        get(&self.o, &keys::run(id))
+    }
+
+    fn save_run(&mut self, run: &Run) {
+        self.put(keys::run(&run.id), run);
+        if run.state.is_terminal() {
+            self.o.delete(keys::active(&run.id));
+        } else {
+            let job_timeout = self
+                .job(&run.id.job)
+                .map(|j| j.policy.timeout_ms)
+                .unwrap_or(limits::DEFAULT_TIMEOUT_MS);
+            let active = ActiveRun {
+                group: run.group.clone(),
+                priority: run.priority,
+                state: run.state,
+                attempt: run.attempt,
+                timeout_ms: job_timeout,
+            };
+            self.put(keys::active(&run.id), &active);
+        }
+    }
+
+    fn schedule_entry(&mut self, key: WheelKey) {
+        self.o.put(keys::wheel(&key), Vec::new());
+        self.effects.push(Effect::Scheduled(key));
+    }
+
+    /// Sets the job's one pending occurrence (or none), keeping the wheel in step.
+    fn set_next(&mut self, job: &mut Job, next: Option<i64>) {
+        if let Some(old) = job.next_fire_at_ms.take() {
+            self.o
+                .delete(keys::wheel(&WheelKey::occurrence(&job.id, old)));
+        }
+        if let Some(at) = next.filter(|_| !job.paused) {
+            job.next_fire_at_ms = Some(at);
+            self.schedule_entry(WheelKey::occurrence(&job.id, at));
+        }
+    }
+
+    /// First occurrence of a freshly (re)scheduled job, strictly after `after` except for one-shots.
+    fn first_occurrence(&self, job: &Job, after: i64) -> Result<Option<i64>, CommandError> {
+        if let Schedule::Once { at_ms } = job.schedule {
+            let fired = self.run_rec(&RunId::new(&job.id, at_ms)).is_some();
+            return Ok((!fired).then_some(at_ms));
+        }
+        next_after(&job.schedule, after)
+    }
+
+    // ------------------------------------------------------------ job commands
+
+    fn create_job(&mut self, spec: &JobSpec) -> Result<Job, CommandError> {
+        validate::job_spec(spec, self.now)?;
+        if self.o.get(&keys::job(&spec.id)).is_some() {
+            return Err(CommandError::AlreadyExists(spec.id.clone()));
+        }
+        let mut job = Job {
+            id: spec.id.clone(),
+            schedule: spec.schedule.resolve(self.now),
+            group: spec.group.clone(),
+            payload: spec.payload.clone(),
+            policy: spec.policy.clone(),
+            revision: 1,
+            paused: false,
+            created_at_ms: self.now,
+            updated_at_ms: self.now,
+            next_fire_at_ms: None,
+            active_runs: 0,
+            buffered_at_ms: None,
+        };
+        let first = self.first_occurrence(&job, self.now)?;
+        self.set_next(&mut job, first);
+        self.put(keys::job(&job.id), &job);
+        Ok(job)
+    }
+
+    fn update_job(&mut self, spec: &JobSpec, expected: u64) -> Result<Job, CommandError> {
+        validate::job_spec(spec, self.now)?;
+        let mut job = self.job(&spec.id)?;
+        if expected != 0 && expected != job.revision {
+            return Err(CommandError::RevisionMismatch {
+                id: job.id,
+                expected,
+                actual: job.revision,
+            });
+        }
+        let reschedule = !spec.schedule.matches(&job.schedule);
+        job.group = spec.group.clone();
+        job.payload = spec.payload.clone();
+        job.policy = spec.policy.clone();
+        job.revision += 1;
+        job.updated_at_ms = self.now;
+        if reschedule {
+            job.schedule = spec.schedule.resolve(self.now);
+            let first = self.first_occurrence(&job, self.now)?;
+            self.set_next(&mut job, first);
+        }
+        self.put(keys::job(&job.id), &job);
+        Ok(job)
+    }
+
+    fn delete_job(&mut self, id: &str) -> Result<bool, CommandError> {
+        let mut job = self.job(id)?;
+        self.set_next(&mut job, None);
+        self.cancel_active_runs(&mut job, "job deleted");
+        self.o.delete(keys::job(id));
+        Ok(true)
+    }
+
+    fn pause_job(&mut self, id: &str) -> Result<Job, CommandError> {
+        let mut job = self.job(id)?;
+        if !job.paused {
+            self.set_next(&mut job, None);
+            job.paused = true;
+            job.revision += 1;
+            job.updated_at_ms = self.now;
+            self.put(keys::job(id), &job);
+        }
+        Ok(job)
+    }
+
+    /// Occurrences that fell while paused are not fired: the next one after now is.
+    fn resume_job(&mut self, id: &str) -> Result<Job, CommandError> {
+        let mut job = self.job(id)?;
+        if job.paused {
+            job.paused = false;
+            job.revision += 1;
+            job.updated_at_ms = self.now;
+            let first = self.first_occurrence(&job, self.now)?;
+            self.set_next(&mut job, first);
+            self.put(keys::job(id), &job);
+        }
+        Ok(job)
+    }
+
+    fn trigger_job(&mut self, id: &str) -> Result<Run, CommandError> {
+        let mut job = self.job(id)?;
+        if job.active_runs > 0 && job.policy.overlap == Overlap::BufferOne {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} has an active run and overlap buffer-one; trigger refused"
+            )));
+        }
+        let run_id = RunId::new(id, self.now);
+        if self.run_rec(&run_id).is_some() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} already has a run scheduled at {}; trigger again",
+                self.now
+            )));
+        }
+        self.start_run(&mut job, self.now, "manual trigger".to_string());
+        self.put(keys::job(id), &job);
+        self.run_rec(&run_id)
+            .ok_or_else(|| CommandError::RunNotFound(run_id.to_string()))
+    }
+
+    // ------------------------------------------------------------ firing
+
+    fn fire(&mut self, wheel_keys: &[WheelKey]) -> Result<Response, CommandError> {
+        if wheel_keys.len() > limits::FIRE_BATCH_MAX {
+            return Err(CommandError::Invalid(format!(
+                "keys: at most {} per fire, got {}",
+                limits::FIRE_BATCH_MAX,
+                wheel_keys.len()
+            )));
+        }
+        let (mut runs, mut skipped) = (0u32, 0u32);
+        for key in wheel_keys {
+            let fired = key.fire_at_ms <= self.now && self.fire_key(key)?;
+            if fired {
+                runs += 1;
+            } else {
+                skipped += 1;
+            }
+        }
+        Ok(Response::Fired {
+            runs,
+            skipped_keys: skipped,
+        })
+    }
+
+    /// Fires one due key; false when the entry no longer exists or is stale.
+    fn fire_key(&mut self, key: &WheelKey) -> Result<bool, CommandError> {
+        let wk = keys::wheel(key);
+        if self.o.get(&wk).is_none() {
+            return Ok(false);
+        }
+        self.o.delete(wk);
+        match key.kind {
+            EntryKind::Occurrence => {
+                let Ok(mut job) = self.job(&key.job) else {
+                    return Ok(false);
+                };
+                if job.paused || job.next_fire_at_ms != Some(key.fire_at_ms) {
+                    return Ok(false);
+                }
+                job.next_fire_at_ms = None;
+                self.fire_occurrence(&mut job, key.fire_at_ms)?;
+                self.put(keys::job(&job.id), &job);
+                Ok(true)
+            }
+            EntryKind::Retry => Ok(self.fire_retry(&RunId::new(&key.job, key.scheduled_at_ms))),
+        }
+    }
+
+    /// Runs (or records) the occurrence at `scheduled` per the misfire policy
+    /// and schedules the next one from the scheduled time, not from now.
+    fn fire_occurrence(&mut self, job: &mut Job, scheduled: i64) -> Result<(), CommandError> {
+        let late_ms = self.now - scheduled;
+        let late = late_ms > job.policy.misfire_grace_ms as i64;
+        let next = if !late || job.policy.misfire == Misfire::FireAll {
+            let note = if late {
+                format!("late by {late_ms} ms (misfire fire-all)")
+            } else {
+                String::new()
+            };
+            self.start_run(job, scheduled, note);
+            next_after(&job.schedule, scheduled)?
+        } else {
+            let walk = walk_missed(&job.schedule, scheduled, self.now)?;
+            if job.policy.misfire == Misfire::FireOnce {
+                let note = format!(
+                    "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
+                    walk.count,
+                    self.now - walk.last
+                );
+                self.start_run(job, walk.last, note);
+            } else {
+                let note = format!(
+                    "misfire skip: {} occurrence(s) from {scheduled} to {} not run",
+                    walk.count, walk.last
+                );
+                self.record_skipped(job, scheduled, note);
+            }
+            walk.next
+        };
+        self.set_next(job, next);
+        Ok(())
+    }
+
+    fn fire_retry(&mut self, id: &RunId) -> bool {
+        let Some(mut run) = self.run_rec(id) else {
+            return false;
+        };
+        if run.state != RunState::RetryWait {
+            return false;
+        }
+        run.attempt += 1;
+        run.state = RunState::Pending;
+        run.worker.clear();
+        self.ready(&run);
+        self.save_run(&run);
+        true
+    }
+
+    fn ready(&mut self, run: &Run) {
+        let timeout_ms = self
+            .job(&run.id.job)
+            .map(|j| j.policy.timeout_ms)
+            .unwrap_or(limits::DEFAULT_TIMEOUT_MS);
+        self.effects.push(Effect::Ready {
+            run: run.id.clone(),
+            attempt: run.attempt,
+            group: run.group.clone(),
+            priority: run.priority,
+            timeout_ms,
+        });
+    }
+
+    fn new_run(&self, job: &Job, scheduled: i64, state: RunState, note: String) -> Run {
+        Run {
+            id: RunId::new(&job.id, scheduled),
+            group: job.group.clone(),
+            priority: job.policy.priority,
+            fired_at_ms: self.now,
+            state,
+            attempt: 1,
+            worker: String::new(),
+            received_at_ms: 0,
+            finished_at_ms: if state.is_terminal() { self.now } else { 0 },
+            result: Vec::new(),
+            error: String::new(),
+            note,
+        }
+    }
+
+    fn record_skipped(&mut self, job: &Job, scheduled: i64, note: String) {
+        if self.run_rec(&RunId::new(&job.id, scheduled)).is_none() {
+            let run = self.new_run(job, scheduled, RunState::Skipped, note);
+            self.save_run(&run);
+        }
+    }
+
+    /// Starts a run of the occurrence, honouring the overlap policy. The
+    /// `(job, scheduled)` pair is unique: an existing record wins.
+    fn start_run(&mut self, job: &mut Job, scheduled: i64, note: String) {
+        if self.run_rec(&RunId::new(&job.id, scheduled)).is_some() {
+            return;
+        }
+        if job.active_runs > 0 {
+            match job.policy.overlap {
+                Overlap::Allow => {}
+                Overlap::Forbid => {
+                    return self.record_skipped(
+                        job,
+                        scheduled,
+                        "overlap forbid: previous run still active".into(),
+                    );
+                }
+                Overlap::BufferOne => {
+                    if let Some(older) = job.buffered_at_ms.replace(scheduled) {
+                        self.record_skipped(
+                            job,
+                            older,
+                            "overlap buffer-one: superseded by a newer occurrence".into(),
+                        );
+                    }
+                    return;
+                }
+                Overlap::Replace => {
+                    self.cancel_active_runs(job, &format!("replaced by occurrence {scheduled}"))
+                }
+            }
+        }
+        let run = self.new_run(job, scheduled, RunState::Pending, note);
+        job.active_runs += 1;
+        self.ready(&run);
+        self.save_run(&run);
+    }
+
+    fn cancel_active_runs(&mut self, job: &mut Job, why: &str) {
+        let prefix = keys::active(&RunId::new(&job.id, i64::MIN));
+        let end = keys::active(&RunId::new(&job.id, i64::MAX));
+        let active = self.o.range(&prefix[..prefix.len() - 8], &end, usize::MAX);
+        for (k, _) in active {
+            let Some(id) = keys::run_id_from(&k) else {
+                continue;
+            };
+            let Some(mut run) = self.run_rec(&id) else {
+                continue;
+            };
+            self.effects.push(Effect::Cancel {
+                run: id.clone(),
+                attempt: run.attempt,
+            });
+            self.effects.push(Effect::Ended {
+                run: id,
+                attempt: run.attempt,
+            });
+            run.state = RunState::Cancelled;
+            run.finished_at_ms = self.now;
+            run.note = why.to_string();
+            self.save_run(&run);
+        }
+        job.active_runs = 0;
+        if let Some(b) = job.buffered_at_ms.take() {
+            self.record_skipped(job, b, format!("overlap buffer-one: dropped ({why})"));
+        }
+    }
+
+    /// A run left the active set: update the job's count and start a buffered occurrence.
+    fn end_run(&mut self, run: &Run) {
+        self.effects.push(Effect::Ended {
+            run: run.id.clone(),
+            attempt: run.attempt,
+        });
+        let Ok(mut job) = self.job(&run.id.job) else {
+            return;
+        };
+        job.active_runs = job.active_runs.saturating_sub(1);
+        if job.active_runs == 0 {
+            if let Some(b) = job.buffered_at_ms.take() {
+                self.start_run(
+                    &mut job,
+                    b,
+                    "overlap buffer-one: started after the previous run".into(),
+                );
+            }
+        }
+        self.put(keys::job(&job.id), &job);
+    }
+
+    // ------------------------------------------------------------ execution
+
+    fn assign(&mut self, assignments: &[(RunId, u32, String)]) -> Response {
+        for (id, attempt, worker) in assignments {
+            let Some(mut run) = self.run_rec(id) else {
+                continue;
+            };
+            if run.attempt == *attempt && matches!(run.state, RunState::Pending | RunState::Running)
+            {
+                run.state = RunState::Running;
+                run.worker = worker.clone();
+                self.save_run(&run);
+            }
+        }
+        Response::Empty
+    }
+
+    fn finish_all(&mut self, reports: &[FinishReport]) -> Result<Response, CommandError> {
+        if reports.len() > limits::FINISH_BATCH_MAX {
+            return Err(CommandError::Invalid(format!(
+                "reports: at most {} per batch",
+                limits::FINISH_BATCH_MAX
+            )));
+        }
+        Ok(Response::Batch(
+            reports.iter().map(|r| self.finish(r)).collect(),
+        ))
+    }
+
+    fn live_attempt(&self, id: &RunId, attempt: u32) -> Result<Option<Run>, CommandError> {
+        let run = self
+            .run_rec(id)
+            .ok_or_else(|| CommandError::RunNotFound(id.to_string()))?;
+        if run.attempt == attempt && run.state.is_terminal() {
+            return Ok(None); // a duplicate report of an attempt already ended: accept, change nothing
+        }
+        if run.attempt != attempt || !matches!(run.state, RunState::Pending | RunState::Running) {
+            return Err(CommandError::StaleAttempt {
+                run: id.to_string(),
+                current: run.attempt,
+                reported: attempt,
+                state: run.state.as_str().to_string(),
+            });
+        }
+        Ok(Some(run))
+    }
+
+    fn finish(&mut self, r: &FinishReport) -> Result<(), CommandError> {
+        if r.result.len() > limits::RESULT_MAX_BYTES {
+            return Err(CommandError::Invalid(format!(
+                "result: at most {} bytes, got {}",
+                limits::RESULT_MAX_BYTES,
+                r.result.len()
+            )));
+        }
+        let Some(mut run) = self.live_attempt(&r.run, r.attempt)? else {
+            return Ok(());
+        };
+        run.worker = r.worker.clone();
+        run.received_at_ms = r.received_at_ms;
+        run.result = r.result.clone();
+        run.error = truncate(&r.error, limits::ERROR_MAX_BYTES);
+        if r.success {
+            run.error.clear();
+            self.conclude(run, RunState::Succeeded);
+        } else {
+            self.fail_attempt(run, r.retryable, RunState::Failed, r.jitter_ms);
+        }
+        Ok(())
+    }
+
+    fn expire_all(&mut self, expired: &[(RunId, u32, u64)]) -> Response {
+        let results = expired
+            .iter()
+            .map(|(id, attempt, jitter)| {
+                let Some(mut run) = self.live_attempt(id, *attempt)? else {
+                    return Ok(());
+                };
+                run.error = format!(
+                    "attempt {attempt} timed out (no finish or heartbeat within the lease)"
+                );
+                self.fail_attempt(run, true, RunState::TimedOut, *jitter);
+                Ok(())
+            })
+            .collect();
+        Response::Batch(results)
+    }
+
+    /// Retries with exponential backoff while attempts remain, else ends the run as `last`.
+    fn fail_attempt(&mut self, mut run: Run, retryable: bool, last: RunState, jitter_ms: u64) {
+        let policy = self.job(&run.id.job).map(|j| j.policy).unwrap_or_default();
+        if retryable && run.attempt < policy.max_attempts {
+            let exp = (run.attempt - 1).min(20);
+            let backoff = policy
+                .backoff_ms
+                .saturating_mul(1 << exp)
+                .min(limits::BACKOFF_MAX_MS);
+            // Jitter of up to half the backoff; the leader drew it, so every replica agrees.
+            let jitter = jitter_ms % (backoff / 2 + 1);
+            let at = self
+                .now
+                .saturating_add(backoff.saturating_add(jitter) as i64);
+            run.state = RunState::RetryWait;
+            run.note = format!("attempt {} {}; retry at {at}", run.attempt, last.as_str());
+            self.effects.push(Effect::Ended {
+                run: run.id.clone(),
+                attempt: run.attempt,
+            });
+            self.schedule_entry(WheelKey::retry(&run.id, at));
+            self.save_run(&run);
+        } else {
+            self.conclude(run, last);
+        }
+    }
+
+    fn conclude(&mut self, mut run: Run, state: RunState) {
+        run.state = state;
+        run.finished_at_ms = self.now;
+        self.save_run(&run);
+        self.end_run(&run);
+    }
+
+    fn retry_run(&mut self, id: &RunId) -> Result<Run, CommandError> {
+        let mut run = self
+            .run_rec(id)
+            .ok_or_else(|| CommandError::RunNotFound(id.to_string()))?;
+        if !matches!(
+            run.state,
+            RunState::Failed | RunState::TimedOut | RunState::Cancelled | RunState::Succeeded
+        ) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "run {id} is {}; only a finished run can be retried",
+                run.state.as_str()
+            )));
+        }
+        let mut job = self.job(&id.job)?;
+        run.attempt += 1;
+        run.state = RunState::Pending;
+        run.note = format!("manual retry as attempt {}", run.attempt);
+        run.finished_at_ms = 0;
+        job.active_runs += 1;
+        self.ready(&run);
+        self.save_run(&run);
+        self.put(keys::job(&job.id), &job);
+        Ok(run)
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+fn next_after(s: &Schedule, after: i64) -> Result<Option<i64>, CommandError> {
+    s.next_after(after)
+        .map_err(|e| CommandError::Invalid(e.to_string()))
+}
+
+struct Walk {
+    /// Latest occurrence at or before now.
+    last: i64,
+    /// Occurrences from the first missed one up to `last`.
+    count: u64,
+    /// First occurrence after now.
+    next: Option<i64>,
+}
+
+/// Walks the occurrences from `first` (due) up to `now`, bounded.
+fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError> {
+    if let Schedule::Every { every_ms, .. } = s {
+        let every = *every_ms as i64;
+        let count = (now - first) / every + 1;
+        let last = first + (count - 1) * every;
+        return Ok(Walk {
+            last,
+            count: count as u64,
+            next: Some(last + every),
+        });
+    }
+    let (mut last, mut count) = (first, 1u64);
+    loop {
+        let next = next_after(s, last)?;
+        match next {
+            Some(n) if n <= now && count < limits::MISFIRE_WALK_MAX as u64 => {
+                last = n;
+                count += 1;
+            }
+            Some(n) if n <= now => {
+                return Ok(Walk {
+                    last,
+                    count,
+                    next: next_after(s, now)?,
+                })
+            }
+            _ => return Ok(Walk { last, count, next }),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Commands that go through the Raft log and the responses apply returns.
+//! Every time value a command needs travels inside it (`now_ms` is the
+//! leader's cluster time at proposal), so apply stays deterministic.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{Job, JobSpec, Run, RunId, WheelKey};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    CreateJob {
+        spec: JobSpec,
+        now_ms: i64,
+    },
+    /// `expected_revision` 0 skips the compare-and-set.
+    UpdateJob {
+        spec: JobSpec,
+        expected_revision: u64,
+        now_ms: i64,
+    },
+    DeleteJob {
+        id: String,
+        now_ms: i64,
+    },
+    PauseJob {
+        id: String,
+        now_ms: i64,
+    },
+    ResumeJob {
+        id: String,
+        now_ms: i64,
+    },
+    /// Fires the job once at `now_ms`, outside its schedule.
+    TriggerJob {
+        id: String,
+        now_ms: i64,
+    },
+    /// A batch of due wheel keys. Keys not due at `now_ms` or no longer present are skipped.
+    Fire {
+        now_ms: i64,
+        keys: Vec<WheelKey>,
+    },
+    /// Records that the leader handed attempts to workers.
+    Assign {
+        now_ms: i64,
+        assignments: Vec<(RunId, u32, String)>,
+    },
+    /// Worker reports, batched.
+    Finish {
+        now_ms: i64,
+        reports: Vec<FinishReport>,
+    },
+    /// Attempts whose lease ran out without a finish. `jitter_ms` is the
+    /// leader's random draw for the retry backoff, one per run.
+    Expire {
+        now_ms: i64,
+        expired: Vec<(RunId, u32, u64)>,
+    },
+    /// Retries a terminal run by hand as a new attempt.
+    RetryRun {
+        run: RunId,
+        now_ms: i64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishReport {
+    pub run: RunId,
+    pub attempt: u32,
+    pub success: bool,
+    pub result: Vec<u8>,
+    pub error: String,
+    pub retryable: bool,
+    pub worker: String,
+    pub received_at_ms: i64,
+    /// Leader's random draw for this run's retry backoff.
+    pub jitter_ms: u64,
+}
+
+/// A deterministic refusal. Apply returns it as a response; state is untouched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum CommandError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("job {0:?} not found")]
+    NotFound(String),
+    #[error("job {0:?} already exists")]
+    AlreadyExists(String),
+    #[error("job {id:?} is at revision {actual}, not the expected {expected}")]
+    RevisionMismatch {
+        id: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("run {0} not found")]
+    RunNotFound(String),
+    #[error("run {run} is at attempt {current} ({state}); attempt {reported} is stale")]
+    StaleAttempt {
+        run: String,
+        current: u32,
+        reported: u32,
+        state: String,
+    },
+    #[error("{0}")]
+    FailedPrecondition(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Job(Job),
+    Deleted(bool),
+    Run(Run),
+    Fired {
+        runs: u32,
+        skipped_keys: u32,
+    },
+    /// One result per report or expiry, in order.
+    Batch(Vec<Result<(), CommandError>>),
+    Error(CommandError),
+    /// Blank and membership entries.
+    Empty,
+}

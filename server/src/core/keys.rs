@@ -1,0 +1,150 @@
+//! Key spaces of the replicated state, all in one ordered key-value space so
+//! one atomic batch covers any change. Each space has a one-byte prefix;
+//! times are stored big-endian with the sign bit flipped so byte order is
+//! time order.
+
+use super::types::{EntryKind, RunId, WheelKey};
+
+pub const META: u8 = b'm';
+pub const JOB: u8 = b'j';
+pub const WHEEL: u8 = b'w';
+pub const RUN: u8 = b'r';
+pub const ACTIVE: u8 = b'a';
+
+/// Meta keys.
+pub const META_VERSION: &[u8] = b"mversion";
+pub const META_LAST_APPLIED: &[u8] = b"mlast_applied";
+pub const META_MEMBERSHIP: &[u8] = b"mmembership";
+/// Largest `now` any applied command carried: state-machine time never goes back.
+pub const META_TIME: &[u8] = b"mtime";
+
+/// On-disk format version of the state space.
+pub const STATE_VERSION: u32 = 1;
+
+pub fn time_bytes(t: i64) -> [u8; 8] {
+    ((t as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+pub fn time_from(b: &[u8]) -> Option<i64> {
+    let arr: [u8; 8] = b.get(..8)?.try_into().ok()?;
+    Some((u64::from_be_bytes(arr) ^ (1 << 63)) as i64)
+}
+
+pub fn job(id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + id.len());
+    k.push(JOB);
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+pub fn job_id_from(key: &[u8]) -> Option<&str> {
+    std::str::from_utf8(key.strip_prefix(&[JOB])?).ok()
+}
+
+pub fn wheel(k: &WheelKey) -> Vec<u8> {
+    let mut v = Vec::with_capacity(18 + k.job.len());
+    v.push(WHEEL);
+    v.extend_from_slice(&time_bytes(k.fire_at_ms));
+    v.push(k.kind as u8);
+    v.extend_from_slice(&time_bytes(k.scheduled_at_ms));
+    v.extend_from_slice(k.job.as_bytes());
+    v
+}
+
+pub fn wheel_from(key: &[u8]) -> Option<WheelKey> {
+    let rest = key.strip_prefix(&[WHEEL])?;
+    let fire_at_ms = time_from(rest)?;
+    let kind = match *rest.get(8)? {
+        1 => EntryKind::Occurrence,
+        2 => EntryKind::Retry,
+        _ => return None,
+    };
+    let scheduled_at_ms = time_from(rest.get(9..)?)?;
+    let job = std::str::from_utf8(rest.get(17..)?).ok()?.to_string();
+    Some(WheelKey {
+        fire_at_ms,
+        kind,
+        job,
+        scheduled_at_ms,
+    })
+}
+
+/// Exclusive upper bound of wheel keys due at or before `t`.
+pub fn wheel_upto(t: i64) -> Vec<u8> {
+    let mut v = vec![WHEEL];
+    v.extend_from_slice(&time_bytes(t.saturating_add(1)));
+    v
+}
+
+fn run_like(prefix: u8, id: &RunId) -> Vec<u8> {
+    let mut v = run_prefix_with(prefix, &id.job);
+    v.extend_from_slice(&time_bytes(id.scheduled_at_ms));
+    v
+}
+
+fn run_prefix_with(prefix: u8, job: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(10 + job.len());
+    v.push(prefix);
+    // Ids are at most 128 bytes (validated), so the length fits one byte and
+    // one job's runs form a contiguous range.
+    v.push(job.len() as u8);
+    v.extend_from_slice(job.as_bytes());
+    v
+}
+
+pub fn run(id: &RunId) -> Vec<u8> {
+    run_like(RUN, id)
+}
+
+pub fn active(id: &RunId) -> Vec<u8> {
+    run_like(ACTIVE, id)
+}
+
+/// Prefix of all runs of `job`, in scheduled-time order.
+pub fn runs_of(job: &str) -> Vec<u8> {
+    run_prefix_with(RUN, job)
+}
+
+/// Decodes a run or active-run key.
+pub fn run_id_from(key: &[u8]) -> Option<RunId> {
+    let len = *key.get(1)? as usize;
+    let job = std::str::from_utf8(key.get(2..2 + len)?).ok()?;
+    let t = time_from(key.get(2 + len..)?)?;
+    Some(RunId::new(job, t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_order_is_byte_order() {
+        let ts = [i64::MIN, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX];
+        for w in ts.windows(2) {
+            assert!(time_bytes(w[0]) < time_bytes(w[1]), "{} vs {}", w[0], w[1]);
+            assert_eq!(time_from(&time_bytes(w[0])), Some(w[0]));
+        }
+    }
+
+    #[test]
+    fn wheel_keys_round_trip_and_sort_by_time() {
+        let a = WheelKey::occurrence("zz", 1000);
+        let b = WheelKey::retry(&RunId::new("aa", 5), 2000);
+        assert_eq!(wheel_from(&wheel(&a)), Some(a.clone()));
+        assert_eq!(wheel_from(&wheel(&b)), Some(b.clone()));
+        assert!(wheel(&a) < wheel(&b));
+        assert!(wheel(&a) < wheel_upto(1000));
+        assert!(wheel(&b) >= wheel_upto(1999));
+    }
+
+    #[test]
+    fn runs_of_one_job_are_contiguous_and_time_ordered() {
+        let r1 = run(&RunId::new("a", 10));
+        let r2 = run(&RunId::new("a", 20));
+        let other = run(&RunId::new("ab", 15));
+        assert!(r1 < r2);
+        assert!(r1.starts_with(&runs_of("a")) && r2.starts_with(&runs_of("a")));
+        assert!(!other.starts_with(&runs_of("a")));
+        assert_eq!(run_id_from(&r2), Some(RunId::new("a", 20)));
+    }
+}

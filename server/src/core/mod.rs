@@ -1,0 +1,19 @@
+//! The pure scheduling core: jobs, wheel entries and runs as a deterministic
+//! state machine. `apply(view, command)` reads state through a [`StateView`]
+//! and returns what to write and what the leader should do
+//! ([`Applied`]). Nothing in here reads a clock, draws randomness or does
+//! I/O; every time value arrives inside the command.
+
+pub mod apply;
+pub mod codec;
+pub mod command;
+pub mod keys;
+pub mod schedule;
+pub mod types;
+pub mod validate;
+pub mod view;
+
+pub use apply::{apply, Applied, Effect};
+pub use command::{Command, CommandError, FinishReport, Response};
+pub use types::*;
+pub use view::{MemView, Overlay, StateView, Write};

@@ -1,0 +1,291 @@
+//! Domain types of the replicated state. They derive serde for the bincode
+//! encoding on disk and in the log; wire (protobuf) types are converted in
+//! `grpc::convert` and never appear here. Maps are ordered so encodings are
+//! deterministic.
+
+use serde::{Deserialize, Serialize};
+
+pub use super::schedule::Schedule;
+
+/// Limits shared by validation and documentation (README "Limits").
+pub mod limits {
+    pub const ID_MAX_BYTES: usize = 128;
+    pub const GROUP_MAX_BYTES: usize = 128;
+    pub const PAYLOAD_MAX_BYTES: usize = 256 * 1024;
+    pub const RESULT_MAX_BYTES: usize = 512 * 1024;
+    pub const ERROR_MAX_BYTES: usize = 4 * 1024;
+    pub const FIRE_BATCH_MAX: usize = 4096;
+    pub const FINISH_BATCH_MAX: usize = 4096;
+    pub const PAGE_SIZE_MAX: usize = 1000;
+    pub const PAGE_SIZE_DEFAULT: usize = 100;
+    pub const PREVIEW_MAX: usize = 1000;
+    pub const MAX_ATTEMPTS_MAX: u32 = 100;
+    pub const TIMEOUT_MAX_MS: u64 = 7 * 24 * 3600 * 1000;
+    pub const BACKOFF_MAX_MS: u64 = 24 * 3600 * 1000;
+    /// One-shot timers further in the past than this are rejected.
+    pub const ONE_SHOT_PAST_TOLERANCE_MS: i64 = 60_000;
+    /// Bound on occurrences a misfire policy walks through in one apply.
+    pub const MISFIRE_WALK_MAX: u32 = 10_000;
+    pub const DEFAULT_GRACE_MS: u64 = 60_000;
+    pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+    pub const DEFAULT_BACKOFF_MS: u64 = 1_000;
+    pub const DEFAULT_PRIORITY: u8 = 5;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Misfire {
+    /// Every missed occurrence fires, late, in order.
+    #[default]
+    FireAll,
+    /// Missed occurrences are coalesced into one run.
+    FireOnce,
+    /// Missed occurrences are recorded as skipped; the next future one fires.
+    Skip,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Overlap {
+    #[default]
+    Allow,
+    Forbid,
+    BufferOne,
+    Replace,
+}
+
+/// A schedule as the client gave it; `After` and `Every` are anchored to the
+/// cluster time of the command that stores them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ScheduleInput {
+    Cron { expr: String, tz: String },
+    Every { every_ms: u64 },
+    At { at_ms: i64 },
+    After { after_ms: u64 },
+}
+
+impl ScheduleInput {
+    pub fn resolve(&self, now_ms: i64) -> Schedule {
+        match self {
+            ScheduleInput::Cron { expr, tz } => Schedule::Cron {
+                expr: expr.clone(),
+                tz: tz.clone(),
+            },
+            ScheduleInput::Every { every_ms } => Schedule::Every {
+                every_ms: *every_ms,
+                anchor_ms: now_ms,
+            },
+            ScheduleInput::At { at_ms } => Schedule::Once { at_ms: *at_ms },
+            ScheduleInput::After { after_ms } => Schedule::Once {
+                at_ms: now_ms.saturating_add(*after_ms as i64),
+            },
+        }
+    }
+
+    /// Whether `stored` is what this input would keep (so an update leaves the pending entry alone).
+    pub fn matches(&self, stored: &Schedule) -> bool {
+        match (self, stored) {
+            (ScheduleInput::Cron { expr, tz }, Schedule::Cron { expr: e, tz: t }) => {
+                expr == e && tz == t
+            }
+            (ScheduleInput::Every { every_ms }, Schedule::Every { every_ms: e, .. }) => {
+                every_ms == e
+            }
+            (ScheduleInput::At { at_ms }, Schedule::Once { at_ms: a }) => at_ms == a,
+            _ => false,
+        }
+    }
+}
+
+/// Execution settings of a job, all validated and defaulted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub misfire: Misfire,
+    pub misfire_grace_ms: u64,
+    pub timeout_ms: u64,
+    pub max_attempts: u32,
+    pub backoff_ms: u64,
+    pub priority: u8,
+    pub overlap: Overlap,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            misfire: Misfire::FireAll,
+            misfire_grace_ms: limits::DEFAULT_GRACE_MS,
+            timeout_ms: limits::DEFAULT_TIMEOUT_MS,
+            max_attempts: 1,
+            backoff_ms: limits::DEFAULT_BACKOFF_MS,
+            priority: limits::DEFAULT_PRIORITY,
+            overlap: Overlap::Allow,
+        }
+    }
+}
+
+/// What a client submits to create or update a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub id: String,
+    pub schedule: ScheduleInput,
+    pub group: String,
+    pub payload: Vec<u8>,
+    pub policy: Policy,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub schedule: Schedule,
+    pub group: String,
+    pub payload: Vec<u8>,
+    pub policy: Policy,
+    pub revision: u64,
+    pub paused: bool,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// Due time of the job's one pending occurrence entry, if any.
+    pub next_fire_at_ms: Option<i64>,
+    /// Runs of this job not yet terminal (for the overlap policy).
+    pub active_runs: u32,
+    /// An occurrence held back by `buffer-one`, started when the active run ends.
+    pub buffered_at_ms: Option<i64>,
+}
+
+/// Identity of a run: one occurrence of a job. The pair is unique, so a
+/// second fire of the same occurrence is impossible by construction.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RunId {
+    pub job: String,
+    pub scheduled_at_ms: i64,
+}
+
+impl RunId {
+    pub fn new(job: &str, scheduled_at_ms: i64) -> Self {
+        RunId {
+            job: job.to_string(),
+            scheduled_at_ms,
+        }
+    }
+
+    /// Parses the text form `<job>@<scheduled_at_ms>`.
+    pub fn parse(s: &str) -> Option<RunId> {
+        let (job, at) = s.rsplit_once('@')?;
+        let scheduled_at_ms = at.parse().ok()?;
+        (!job.is_empty()).then(|| RunId::new(job, scheduled_at_ms))
+    }
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.job, self.scheduled_at_ms)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunState {
+    /// Fired, waiting for a worker.
+    Pending,
+    /// Assigned to a worker.
+    Running,
+    /// Failed or timed out; the next attempt waits for its backoff.
+    RetryWait,
+    Succeeded,
+    Failed,
+    TimedOut,
+    /// An occurrence a policy decided not to run (see the note).
+    Skipped,
+    Cancelled,
+}
+
+impl RunState {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunState::Succeeded
+                | RunState::Failed
+                | RunState::TimedOut
+                | RunState::Skipped
+                | RunState::Cancelled
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Pending => "pending",
+            RunState::Running => "running",
+            RunState::RetryWait => "retry-wait",
+            RunState::Succeeded => "succeeded",
+            RunState::Failed => "failed",
+            RunState::TimedOut => "timed-out",
+            RunState::Skipped => "skipped",
+            RunState::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    pub id: RunId,
+    pub group: String,
+    pub priority: u8,
+    /// Cluster time in the Fire command that created the run.
+    pub fired_at_ms: i64,
+    pub state: RunState,
+    pub attempt: u32,
+    pub worker: String,
+    /// The worker's clock when it received the current attempt (reported with the finish).
+    pub received_at_ms: i64,
+    pub finished_at_ms: i64,
+    pub result: Vec<u8>,
+    pub error: String,
+    pub note: String,
+}
+
+/// What kind of timer a wheel entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum EntryKind {
+    /// A job's next scheduled occurrence.
+    Occurrence = 1,
+    /// The next attempt of a run after its backoff.
+    Retry = 2,
+}
+
+/// Key of a wheel entry; the durable index sorts by `fire_at_ms` first.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct WheelKey {
+    pub fire_at_ms: i64,
+    pub kind: EntryKind,
+    /// For retries: the run's scheduled time. For occurrences: equal to fire_at_ms.
+    pub scheduled_at_ms: i64,
+    /// Last, so the derived order equals the byte order of the encoded key.
+    pub job: String,
+}
+
+impl WheelKey {
+    pub fn occurrence(job: &str, at_ms: i64) -> Self {
+        WheelKey {
+            fire_at_ms: at_ms,
+            kind: EntryKind::Occurrence,
+            job: job.to_string(),
+            scheduled_at_ms: at_ms,
+        }
+    }
+
+    pub fn retry(run: &RunId, at_ms: i64) -> Self {
+        WheelKey {
+            fire_at_ms: at_ms,
+            kind: EntryKind::Retry,
+            job: run.job.clone(),
+            scheduled_at_ms: run.scheduled_at_ms,
+        }
+    }
+}
+
+/// The leader's dispatch view of a run that is not terminal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveRun {
+    pub group: String,
+    pub priority: u8,
+    pub state: RunState,
+    pub attempt: u32,
+    pub timeout_ms: u64,
+}

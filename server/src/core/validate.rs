@@ -1,0 +1,181 @@
+//! Validation of client input. Pure; runs at the edge before proposing and
+//! again in apply, so a bad command is refused with a message naming the
+//! field and the rule, and writes nothing.
+
+use super::command::CommandError;
+use super::schedule::Schedule;
+use super::types::{limits, JobSpec, ScheduleInput};
+
+const TEN_YEARS_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
+
+fn invalid(msg: String) -> CommandError {
+    CommandError::Invalid(msg)
+}
+
+/// Ids: 1 to 128 bytes of `[A-Za-z0-9._:-]`.
+pub fn name(field: &str, s: &str, max: usize) -> Result<(), CommandError> {
+    if s.is_empty() {
+        return Err(invalid(format!("{field}: must not be empty")));
+    }
+    if s.len() > max {
+        return Err(invalid(format!(
+            "{field}: at most {max} bytes, got {}",
+            s.len()
+        )));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+    {
+        return Err(invalid(format!(
+            "{field}: character {c:?} not allowed (use A-Z a-z 0-9 . _ : -)"
+        )));
+    }
+    Ok(())
+}
+
+pub fn job_id(id: &str) -> Result<(), CommandError> {
+    name("id", id, limits::ID_MAX_BYTES)
+}
+
+/// Validates a schedule as given; `now_ms` is the cluster time, for one-shots in the past.
+pub fn schedule(s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
+    match s {
+        ScheduleInput::Every { every_ms } => {
+            if *every_ms == 0 || *every_ms > TEN_YEARS_MS {
+                return Err(invalid(format!(
+                    "schedule.every: must be between 1 ms and 10 years, got {every_ms} ms"
+                )));
+            }
+        }
+        ScheduleInput::After { after_ms } => {
+            if *after_ms > TEN_YEARS_MS {
+                return Err(invalid(format!(
+                    "schedule.after: at most 10 years, got {after_ms} ms"
+                )));
+            }
+        }
+        ScheduleInput::At { at_ms } => {
+            if *at_ms < now_ms.saturating_sub(limits::ONE_SHOT_PAST_TOLERANCE_MS) {
+                return Err(invalid(format!(
+                    "schedule.at: {at_ms} is {} ms in the past (at most {} ms allowed)",
+                    now_ms - at_ms,
+                    limits::ONE_SHOT_PAST_TOLERANCE_MS
+                )));
+            }
+        }
+        ScheduleInput::Cron { .. } => {}
+    }
+    let resolved: Schedule = s.resolve(now_ms);
+    resolved.validate().map_err(|e| invalid(e.to_string()))
+}
+
+pub fn job_spec(spec: &JobSpec, now_ms: i64) -> Result<(), CommandError> {
+    job_id(&spec.id)?;
+    name("group", &spec.group, limits::GROUP_MAX_BYTES)?;
+    if spec.payload.len() > limits::PAYLOAD_MAX_BYTES {
+        return Err(invalid(format!(
+            "payload: at most {} bytes, got {}",
+            limits::PAYLOAD_MAX_BYTES,
+            spec.payload.len()
+        )));
+    }
+    schedule(&spec.schedule, now_ms)?;
+    policy(&spec.policy)
+}
+
+fn policy(p: &super::types::Policy) -> Result<(), CommandError> {
+    if !(1..=10).contains(&p.priority) {
+        return Err(invalid(format!(
+            "priority: must be between 1 and 10, got {}",
+            p.priority
+        )));
+    }
+    if p.max_attempts == 0 || p.max_attempts > limits::MAX_ATTEMPTS_MAX {
+        return Err(invalid(format!(
+            "max_attempts: must be between 1 and {}, got {}",
+            limits::MAX_ATTEMPTS_MAX,
+            p.max_attempts
+        )));
+    }
+    if p.timeout_ms == 0 || p.timeout_ms > limits::TIMEOUT_MAX_MS {
+        return Err(invalid(format!(
+            "timeout: must be between 1 ms and 7 days, got {} ms",
+            p.timeout_ms
+        )));
+    }
+    if p.backoff_ms > limits::BACKOFF_MAX_MS {
+        return Err(invalid(format!(
+            "backoff: at most 1 day, got {} ms",
+            p.backoff_ms
+        )));
+    }
+    if p.misfire_grace_ms > TEN_YEARS_MS {
+        return Err(invalid(format!(
+            "misfire_grace: at most 10 years, got {} ms",
+            p.misfire_grace_ms
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::types::Policy;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            id: "job-1".into(),
+            schedule: ScheduleInput::Every { every_ms: 1000 },
+            group: "g".into(),
+            payload: vec![],
+            policy: Policy::default(),
+        }
+    }
+
+    fn err(spec: &JobSpec) -> String {
+        job_spec(spec, 1_000_000).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        assert!(job_spec(&spec(), 1_000_000).is_ok());
+        let mut s = spec();
+        s.id = String::new();
+        assert!(err(&s).starts_with("id: must not be empty"));
+        s.id = "x".repeat(129);
+        assert!(err(&s).starts_with("id: at most 128"));
+        s.id = "a@b".into();
+        assert!(err(&s).contains("'@' not allowed"));
+        let mut s = spec();
+        s.group = String::new();
+        assert!(err(&s).starts_with("group:"));
+        let mut s = spec();
+        s.payload = vec![0; limits::PAYLOAD_MAX_BYTES + 1];
+        assert!(err(&s).starts_with("payload: at most 262144"));
+        let mut s = spec();
+        s.schedule = ScheduleInput::Every { every_ms: 0 };
+        assert!(err(&s).starts_with("schedule.every"));
+        s.schedule = ScheduleInput::At {
+            at_ms: 1_000_000 - 61_000,
+        };
+        assert!(err(&s).starts_with("schedule.at:"));
+        s.schedule = ScheduleInput::Cron {
+            expr: "not a cron".into(),
+            tz: String::new(),
+        };
+        assert!(err(&s).contains("schedule.cron"));
+        s.schedule = ScheduleInput::Cron {
+            expr: "* * * * *".into(),
+            tz: "Mars/Olympus".into(),
+        };
+        assert!(err(&s).contains("Mars/Olympus"));
+        let mut s = spec();
+        s.policy.priority = 11;
+        assert!(err(&s).starts_with("priority:"));
+        s.policy.priority = 5;
+        s.policy.max_attempts = 0;
+        assert!(err(&s).starts_with("max_attempts:"));
+    }
+}

@@ -1,0 +1,321 @@
+//! Public Jobs, Runs and Cluster services. Writes are validated at the
+//! edge (so bad input costs no log entry), proposed, and validated again in
+//! apply; reads go through a read index on the leader.
+
+use std::sync::Arc;
+
+use kairos_proto::peer::{peer_client::PeerClient, Empty};
+use kairos_proto::v1::{self as pb, jobs_client::JobsClient, runs_client::RunsClient};
+use tonic::{Request, Response, Status};
+
+use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
+use super::{error, forwarded, read_barrier, route};
+use crate::core::{limits, validate, Command, Response as R, RunId, Schedule};
+use crate::node::Node;
+
+#[derive(Clone)]
+pub struct Api {
+    pub node: Arc<Node>,
+}
+
+/// Serves the call on the leader, or forwards it there unchanged.
+macro_rules! forward {
+    ($self:ident, $req:ident, $client:ident, $method:ident) => {
+        if let Some(ch) = route(&$self.node, &$req)? {
+            return $client::new(ch).$method(forwarded($req.into_inner())).await;
+        }
+    };
+}
+
+impl Api {
+    async fn write(&self, cmd: Command) -> Result<R, Status> {
+        match self.node.propose(cmd).await.map_err(error::propose)? {
+            R::Error(e) => Err(error::command(e)),
+            r => Ok(r),
+        }
+    }
+
+    async fn write_job(&self, cmd: Command) -> Result<Response<pb::Job>, Status> {
+        match self.write(cmd).await? {
+            R::Job(j) => Ok(Response::new(job_out(&j))),
+            other => Err(Status::internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    fn job_id(id: &str) -> Result<(), Status> {
+        validate::job_id(id).map_err(error::command)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::jobs_server::Jobs for Api {
+    async fn create_job(
+        &self,
+        req: Request<pb::CreateJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        forward!(self, req, JobsClient, create_job);
+        let spec = spec_in(req.into_inner().spec)?;
+        let now_ms = self.node.clock.now_ms();
+        validate::job_spec(&spec, now_ms).map_err(error::command)?;
+        self.write_job(Command::CreateJob { spec, now_ms }).await
+    }
+
+    async fn update_job(
+        &self,
+        req: Request<pb::UpdateJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        forward!(self, req, JobsClient, update_job);
+        let r = req.into_inner();
+        let spec = spec_in(r.spec)?;
+        let now_ms = self.node.clock.now_ms();
+        validate::job_spec(&spec, now_ms).map_err(error::command)?;
+        self.write_job(Command::UpdateJob {
+            spec,
+            expected_revision: r.expected_revision,
+            now_ms,
+        })
+        .await
+    }
+
+    async fn get_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
+        forward!(self, req, JobsClient, get_job);
+        read_barrier(&self.node, &req).await?;
+        let id = req.into_inner().id;
+        Self::job_id(&id)?;
+        let job = self
+            .node
+            .sm
+            .get_job(&id)
+            .ok_or_else(|| Status::not_found(format!("job {id:?} not found")))?;
+        Ok(Response::new(job_out(&job)))
+    }
+
+    async fn list_jobs(
+        &self,
+        req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        forward!(self, req, JobsClient, list_jobs);
+        read_barrier(&self.node, &req).await?;
+        let r = req.into_inner();
+        let n = page_size(r.page_size)?;
+        let jobs = self.node.sm.list_jobs(&r.page_token, n);
+        let next_page_token = if jobs.len() == n {
+            jobs.last().map(|j| j.id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: jobs.iter().map(job_out).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn delete_job(
+        &self,
+        req: Request<pb::JobRef>,
+    ) -> Result<Response<pb::DeleteJobResponse>, Status> {
+        forward!(self, req, JobsClient, delete_job);
+        let id = req.into_inner().id;
+        Self::job_id(&id)?;
+        match self
+            .write(Command::DeleteJob {
+                id,
+                now_ms: self.node.clock.now_ms(),
+            })
+            .await?
+        {
+            R::Deleted(deleted) => Ok(Response::new(pb::DeleteJobResponse { deleted })),
+            other => Err(Status::internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    async fn pause_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
+        forward!(self, req, JobsClient, pause_job);
+        let id = req.into_inner().id;
+        Self::job_id(&id)?;
+        self.write_job(Command::PauseJob {
+            id,
+            now_ms: self.node.clock.now_ms(),
+        })
+        .await
+    }
+
+    async fn resume_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
+        forward!(self, req, JobsClient, resume_job);
+        let id = req.into_inner().id;
+        Self::job_id(&id)?;
+        self.write_job(Command::ResumeJob {
+            id,
+            now_ms: self.node.clock.now_ms(),
+        })
+        .await
+    }
+
+    async fn trigger_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Run>, Status> {
+        forward!(self, req, JobsClient, trigger_job);
+        let id = req.into_inner().id;
+        Self::job_id(&id)?;
+        match self
+            .write(Command::TriggerJob {
+                id,
+                now_ms: self.node.clock.now_ms(),
+            })
+            .await?
+        {
+            R::Run(run) => Ok(Response::new(run_out(&run))),
+            other => Err(Status::internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    async fn next_fires(
+        &self,
+        req: Request<pb::NextFiresRequest>,
+    ) -> Result<Response<pb::NextFiresResponse>, Status> {
+        forward!(self, req, JobsClient, next_fires);
+        read_barrier(&self.node, &req).await?;
+        let r = req.into_inner();
+        let count = r.count as usize;
+        if count == 0 || count > limits::PREVIEW_MAX {
+            return Err(Status::invalid_argument(format!(
+                "count: must be between 1 and {}, got {count}",
+                limits::PREVIEW_MAX
+            )));
+        }
+        let now = self.node.clock.now_ms();
+        let schedule: Schedule = if r.schedule.is_some() {
+            let input = schedule_in(r.schedule)?;
+            validate::schedule(&input, now).map_err(error::command)?;
+            input.resolve(now)
+        } else {
+            Self::job_id(&r.id)?;
+            let job = self
+                .node
+                .sm
+                .get_job(&r.id)
+                .ok_or_else(|| Status::not_found(format!("job {:?} not found", r.id)))?;
+            job.schedule
+        };
+        let fire_at_ms = schedule
+            .preview(now, count)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(pb::NextFiresResponse { fire_at_ms }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::runs_server::Runs for Api {
+    async fn list_runs(
+        &self,
+        req: Request<pb::ListRunsRequest>,
+    ) -> Result<Response<pb::ListRunsResponse>, Status> {
+        forward!(self, req, RunsClient, list_runs);
+        read_barrier(&self.node, &req).await?;
+        let r = req.into_inner();
+        Self::job_id(&r.job)?;
+        let n = page_size(r.page_size)?;
+        let after = if r.after_scheduled_at_ms == 0 {
+            i64::MIN
+        } else {
+            r.after_scheduled_at_ms
+        };
+        let runs = self.node.sm.list_runs(&r.job, after, n);
+        let next = if runs.len() == n {
+            runs.last().map(|r| r.id.scheduled_at_ms).unwrap_or(0)
+        } else {
+            0
+        };
+        Ok(Response::new(pb::ListRunsResponse {
+            runs: runs.iter().map(run_out).collect(),
+            next_after_scheduled_at_ms: next,
+        }))
+    }
+
+    async fn get_run(&self, req: Request<pb::RunRef>) -> Result<Response<pb::Run>, Status> {
+        forward!(self, req, RunsClient, get_run);
+        read_barrier(&self.node, &req).await?;
+        let id = req.into_inner().run_id;
+        let run_id = RunId::parse(&id).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "run_id: expected <job>@<scheduled_at_ms>, got {id:?}"
+            ))
+        })?;
+        let run = self
+            .node
+            .sm
+            .get_run(&run_id)
+            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        Ok(Response::new(run_out(&run)))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for Api {
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let members = self.node.members();
+        let offsets = self.node.clock.peer_offsets();
+        let calls = members.iter().map(|(id, addr)| {
+            let node = self.node.clone();
+            let (id, addr) = (*id, addr.clone());
+            async move {
+                let s = if id == node.id {
+                    Some(super::peer::local_status(&node).await)
+                } else {
+                    remote_status(&node, &addr).await
+                };
+                (id, addr, s)
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        let mut leader = 0;
+        let nodes = results
+            .into_iter()
+            .map(|(id, addr, s)| {
+                let clock_offset_ms = offsets
+                    .iter()
+                    .find(|(p, _)| *p == id)
+                    .map(|(_, o)| *o)
+                    .unwrap_or(0);
+                match s {
+                    Some(s) => {
+                        if s.role == "leader" {
+                            leader = id;
+                        }
+                        pb::NodeStatus {
+                            id,
+                            addr,
+                            role: s.role,
+                            applied_index: s.applied_index,
+                            state_digest: s.state_digest,
+                            term: s.term,
+                            clock_offset_ms,
+                        }
+                    }
+                    None => pb::NodeStatus {
+                        id,
+                        addr,
+                        role: "unreachable".into(),
+                        clock_offset_ms,
+                        ..Default::default()
+                    },
+                }
+            })
+            .collect();
+        if leader == 0 {
+            leader = self.node.leader().map(|(id, _)| id).unwrap_or(0);
+        }
+        Ok(Response::new(pb::StatusResponse { leader, nodes }))
+    }
+}
+
+async fn remote_status(node: &Node, addr: &str) -> Option<kairos_proto::peer::LocalStatusResponse> {
+    let mut req = Request::new(Empty {});
+    req.set_timeout(std::time::Duration::from_secs(2));
+    PeerClient::new(node.channel(addr)?)
+        .local_status(req)
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}

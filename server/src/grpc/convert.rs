@@ -1,0 +1,182 @@
+//! The one place where wire (protobuf) types and domain types meet.
+
+use kairos_proto::v1 as pb;
+use tonic::Status;
+
+use crate::core::{limits, Job, JobSpec, Misfire, Overlap, Policy, Run, RunState, ScheduleInput};
+
+fn invalid(msg: impl Into<String>) -> Status {
+    Status::invalid_argument(msg.into())
+}
+
+pub fn schedule_in(s: Option<pb::Schedule>) -> Result<ScheduleInput, Status> {
+    use pb::schedule::Kind;
+    match s.and_then(|s| s.kind) {
+        None => Err(invalid(
+            "schedule: required (one of cron, every_ms, at_ms, after_ms)",
+        )),
+        Some(Kind::Cron(c)) => Ok(ScheduleInput::Cron {
+            expr: c.expr,
+            tz: c.tz,
+        }),
+        Some(Kind::EveryMs(ms)) => Ok(ScheduleInput::Every { every_ms: ms }),
+        Some(Kind::AtMs(ms)) => Ok(ScheduleInput::At { at_ms: ms }),
+        Some(Kind::AfterMs(ms)) => Ok(ScheduleInput::After { after_ms: ms }),
+    }
+}
+
+fn or_default<T: PartialEq + Default>(v: T, d: T) -> T {
+    if v == T::default() {
+        d
+    } else {
+        v
+    }
+}
+
+pub fn policy_in(s: &pb::JobSpec) -> Result<Policy, Status> {
+    let misfire = match pb::MisfirePolicy::try_from(s.misfire) {
+        Ok(pb::MisfirePolicy::Unspecified | pb::MisfirePolicy::FireAll) => Misfire::FireAll,
+        Ok(pb::MisfirePolicy::FireOnce) => Misfire::FireOnce,
+        Ok(pb::MisfirePolicy::Skip) => Misfire::Skip,
+        Err(_) => {
+            return Err(invalid(format!(
+                "misfire: unknown policy value {}",
+                s.misfire
+            )))
+        }
+    };
+    let overlap = match pb::OverlapPolicy::try_from(s.overlap) {
+        Ok(pb::OverlapPolicy::Unspecified | pb::OverlapPolicy::Allow) => Overlap::Allow,
+        Ok(pb::OverlapPolicy::Forbid) => Overlap::Forbid,
+        Ok(pb::OverlapPolicy::BufferOne) => Overlap::BufferOne,
+        Ok(pb::OverlapPolicy::Replace) => Overlap::Replace,
+        Err(_) => {
+            return Err(invalid(format!(
+                "overlap: unknown policy value {}",
+                s.overlap
+            )))
+        }
+    };
+    let priority = or_default(s.priority, limits::DEFAULT_PRIORITY as u32);
+    if priority > 10 {
+        return Err(invalid(format!(
+            "priority: must be between 1 and 10, got {priority}"
+        )));
+    }
+    Ok(Policy {
+        misfire,
+        misfire_grace_ms: or_default(s.misfire_grace_ms, limits::DEFAULT_GRACE_MS),
+        timeout_ms: or_default(s.timeout_ms, limits::DEFAULT_TIMEOUT_MS),
+        max_attempts: or_default(s.max_attempts, 1),
+        backoff_ms: or_default(s.backoff_ms, limits::DEFAULT_BACKOFF_MS),
+        priority: priority as u8,
+        overlap,
+    })
+}
+
+pub fn spec_in(s: Option<pb::JobSpec>) -> Result<JobSpec, Status> {
+    let s = s.ok_or_else(|| invalid("spec: required"))?;
+    let policy = policy_in(&s)?;
+    Ok(JobSpec {
+        schedule: schedule_in(s.schedule)?,
+        id: s.id,
+        group: s.group,
+        payload: s.payload,
+        policy,
+    })
+}
+
+fn schedule_out(s: &crate::core::Schedule) -> pb::Schedule {
+    use crate::core::Schedule as S;
+    use pb::schedule::Kind;
+    let kind = match s {
+        S::Cron { expr, tz } => Kind::Cron(pb::Cron {
+            expr: expr.clone(),
+            tz: tz.clone(),
+        }),
+        S::Every { every_ms, .. } => Kind::EveryMs(*every_ms),
+        S::Once { at_ms } => Kind::AtMs(*at_ms),
+    };
+    pb::Schedule { kind: Some(kind) }
+}
+
+pub fn job_out(j: &Job) -> pb::Job {
+    let p = &j.policy;
+    let misfire = match p.misfire {
+        Misfire::FireAll => pb::MisfirePolicy::FireAll,
+        Misfire::FireOnce => pb::MisfirePolicy::FireOnce,
+        Misfire::Skip => pb::MisfirePolicy::Skip,
+    };
+    let overlap = match p.overlap {
+        Overlap::Allow => pb::OverlapPolicy::Allow,
+        Overlap::Forbid => pb::OverlapPolicy::Forbid,
+        Overlap::BufferOne => pb::OverlapPolicy::BufferOne,
+        Overlap::Replace => pb::OverlapPolicy::Replace,
+    };
+    let spec = pb::JobSpec {
+        id: j.id.clone(),
+        schedule: Some(schedule_out(&j.schedule)),
+        group: j.group.clone(),
+        payload: j.payload.clone(),
+        misfire: misfire as i32,
+        misfire_grace_ms: p.misfire_grace_ms,
+        timeout_ms: p.timeout_ms,
+        max_attempts: p.max_attempts,
+        backoff_ms: p.backoff_ms,
+        priority: p.priority as u32,
+        overlap: overlap as i32,
+    };
+    pb::Job {
+        spec: Some(spec),
+        revision: j.revision,
+        paused: j.paused,
+        created_at_ms: j.created_at_ms,
+        updated_at_ms: j.updated_at_ms,
+        next_fire_at_ms: j.next_fire_at_ms.unwrap_or(0),
+    }
+}
+
+pub fn run_state_out(s: RunState) -> pb::RunState {
+    match s {
+        RunState::Pending | RunState::RetryWait => pb::RunState::Pending,
+        RunState::Running => pb::RunState::Running,
+        RunState::Succeeded => pb::RunState::Succeeded,
+        RunState::Failed => pb::RunState::Failed,
+        RunState::TimedOut => pb::RunState::TimedOut,
+        RunState::Skipped => pb::RunState::Skipped,
+        RunState::Cancelled => pb::RunState::Cancelled,
+    }
+}
+
+pub fn run_out(r: &Run) -> pb::Run {
+    pb::Run {
+        run_id: r.id.to_string(),
+        job: r.id.job.clone(),
+        scheduled_at_ms: r.id.scheduled_at_ms,
+        fired_at_ms: r.fired_at_ms,
+        state: run_state_out(r.state) as i32,
+        attempt: r.attempt,
+        worker: r.worker.clone(),
+        finished_at_ms: r.finished_at_ms,
+        result: r.result.clone(),
+        error: r.error.clone(),
+        note: if r.state == RunState::RetryWait && r.note.is_empty() {
+            "waiting to retry".into()
+        } else {
+            r.note.clone()
+        },
+        received_at_ms: r.received_at_ms,
+    }
+}
+
+/// Page size rule shared by every list call.
+pub fn page_size(requested: u32) -> Result<usize, Status> {
+    match requested as usize {
+        0 => Ok(limits::PAGE_SIZE_DEFAULT),
+        n if n <= limits::PAGE_SIZE_MAX => Ok(n),
+        n => Err(invalid(format!(
+            "page_size: at most {}, got {n}",
+            limits::PAGE_SIZE_MAX
+        ))),
+    }
+}

@@ -1,0 +1,43 @@
+//! The one mapping from Kairos errors to gRPC statuses. A redirect carries
+//! the leader's address in the `x-kairos-leader` metadata.
+
+use tonic::{Code, Status};
+
+use crate::core::CommandError;
+use crate::node::ProposeError;
+
+pub const LEADER_HEADER: &str = "x-kairos-leader";
+
+pub fn command(e: CommandError) -> Status {
+    let code = match &e {
+        CommandError::Invalid(_) => Code::InvalidArgument,
+        CommandError::NotFound(_) | CommandError::RunNotFound(_) => Code::NotFound,
+        CommandError::AlreadyExists(_) => Code::AlreadyExists,
+        CommandError::RevisionMismatch { .. }
+        | CommandError::StaleAttempt { .. }
+        | CommandError::FailedPrecondition(_) => Code::FailedPrecondition,
+    };
+    Status::new(code, e.to_string())
+}
+
+pub fn not_leader(leader: Option<(u64, String)>) -> Status {
+    let msg = match &leader {
+        Some((id, addr)) => format!("not the leader; leader is node {id} at {addr}"),
+        None => "no leader elected yet; retry shortly".to_string(),
+    };
+    let mut s = Status::unavailable(msg);
+    if let Some((_, addr)) = leader {
+        if let Ok(v) = addr.parse() {
+            s.metadata_mut().insert(LEADER_HEADER, v);
+        }
+    }
+    s
+}
+
+pub fn propose(e: ProposeError) -> Status {
+    match e {
+        ProposeError::NotLeader { leader } => not_leader(leader),
+        ProposeError::Timeout => Status::deadline_exceeded(e.to_string()),
+        ProposeError::Raft(m) => Status::unavailable(format!("raft: {m}")),
+    }
+}

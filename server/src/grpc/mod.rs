@@ -1,0 +1,113 @@
+//! gRPC: the only module that touches tonic on the server side. Public
+//! services (`kairos.v1`), the internal peer service, health and
+//! reflection all share one port. A follower forwards public calls to the
+//! leader; a call already forwarded once is never forwarded again.
+
+pub mod api;
+pub mod convert;
+pub mod error;
+pub mod peer;
+pub mod workers;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use kairos_proto::peer::peer_server::PeerServer;
+use kairos_proto::v1::{
+    cluster_server::ClusterServer, jobs_server::JobsServer, runs_server::RunsServer,
+    workers_server::WorkersServer,
+};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use crate::node::Node;
+
+/// Set on a forwarded call so the receiver does not forward it again.
+pub const FORWARDED_HEADER: &str = "x-kairos-forwarded";
+/// Asks for this node's local state, without forwarding or a read index.
+pub const LOCAL_HEADER: &str = "x-kairos-local";
+/// Largest gRPC message accepted (a 512 KiB result or 256 KiB payload plus overhead).
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+pub async fn serve(
+    node: Arc<Node>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<JobsServer<api::Api>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kairos_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let api = api::Api { node: node.clone() };
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(JobsServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(RunsServer::new(api.clone()))
+        .add_service(ClusterServer::new(api))
+        .add_service(
+            WorkersServer::new(workers::WorkerService { node: node.clone() })
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            PeerServer::new(peer::PeerService { node })
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
+
+pub fn has_header<T>(req: &Request<T>, name: &str) -> bool {
+    req.metadata().get(name).is_some()
+}
+
+/// Where a public call should go: `None` to serve it here, or the leader's channel.
+pub fn route<T>(node: &Node, req: &Request<T>) -> Result<Option<Channel>, Status> {
+    if has_header(req, LOCAL_HEADER) || node.is_leader() {
+        return Ok(None);
+    }
+    let leader = node.leader();
+    if has_header(req, FORWARDED_HEADER) {
+        return Err(error::not_leader(leader));
+    }
+    match &leader {
+        Some((_, addr)) => node
+            .channel(addr)
+            .map(Some)
+            .ok_or_else(|| error::not_leader(leader.clone())),
+        None => Err(error::not_leader(None)),
+    }
+}
+
+/// Re-wraps a message for forwarding, marked so it is not forwarded again.
+pub fn forwarded<T>(msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut().insert(
+        FORWARDED_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    r
+}
+
+/// Waits until this leader has applied everything committed before the read began.
+pub async fn read_barrier<T>(node: &Node, req: &Request<T>) -> Result<(), Status> {
+    if has_header(req, LOCAL_HEADER) {
+        return Ok(());
+    }
+    node.raft
+        .ensure_linearizable()
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            openraft::error::RaftError::APIError(
+                openraft::error::CheckIsLeaderError::ForwardToLeader(f),
+            ) => error::not_leader(f.leader_id.zip(f.leader_node.map(|n| n.addr))),
+            other => Status::unavailable(format!("read index: {other}")),
+        })
+}

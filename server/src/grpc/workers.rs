@@ -1,0 +1,235 @@
+//! The worker stream. A worker says hello (id, groups, capacity); the
+//! leader pushes assignments, each with `(run, attempt)` as its fencing
+//! token, and acknowledges a finish only once it is committed. A node that
+//! is not the leader answers hello with a redirect and closes the stream.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use kairos_proto::v1::{self as pb, server_message::Msg as Out, worker_message::Msg as In};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::core::{limits, validate, FinishReport, RunId};
+use crate::leader::dispatch::ToWorker;
+use crate::node::Node;
+
+/// Most runs one worker may hold at once.
+pub const CAPACITY_MAX: u32 = 10_000;
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct WorkerService {
+    pub node: Arc<Node>,
+}
+
+type Outbound = mpsc::Sender<Result<pb::ServerMessage, Status>>;
+
+fn msg(m: Out) -> Result<pb::ServerMessage, Status> {
+    Ok(pb::ServerMessage { msg: Some(m) })
+}
+
+#[tonic::async_trait]
+impl pb::workers_server::Workers for WorkerService {
+    type SessionStream =
+        Pin<Box<dyn Stream<Item = Result<pb::ServerMessage, Status>> + Send + 'static>>;
+
+    async fn session(
+        &self,
+        req: Request<Streaming<pb::WorkerMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = req.into_inner();
+        let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+            Ok(Ok(Some(pb::WorkerMessage {
+                msg: Some(In::Hello(h)),
+            }))) => h,
+            Ok(Err(s)) => return Err(s),
+            Err(_) => return Err(Status::deadline_exceeded("hello: not received within 10 s")),
+            Ok(_) => {
+                return Err(Status::invalid_argument(
+                    "hello: the first message must be a Hello",
+                ))
+            }
+        };
+        validate_hello(&hello)?;
+        let (out, rx) = mpsc::channel(256);
+        if !self.node.is_leader() {
+            let leader_addr = self.node.leader().map(|(_, a)| a).unwrap_or_default();
+            let _ = out
+                .send(msg(Out::Redirect(pb::Redirect { leader_addr })))
+                .await;
+        } else {
+            tokio::spawn(run_session(self.node.clone(), hello, inbound, out));
+        }
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn validate_hello(h: &pb::Hello) -> Result<(), Status> {
+    let bad = |e: crate::core::CommandError| Status::invalid_argument(e.to_string());
+    validate::name("hello.worker_id", &h.worker_id, limits::ID_MAX_BYTES).map_err(bad)?;
+    if h.groups.is_empty() {
+        return Err(Status::invalid_argument(
+            "hello.groups: at least one group is required",
+        ));
+    }
+    if h.groups.len() > 64 {
+        return Err(Status::invalid_argument(format!(
+            "hello.groups: at most 64, got {}",
+            h.groups.len()
+        )));
+    }
+    for g in &h.groups {
+        validate::name("hello.groups", g, limits::GROUP_MAX_BYTES).map_err(bad)?;
+    }
+    if h.capacity == 0 || h.capacity > CAPACITY_MAX {
+        return Err(Status::invalid_argument(format!(
+            "hello.capacity: must be between 1 and {CAPACITY_MAX}, got {}",
+            h.capacity
+        )));
+    }
+    Ok(())
+}
+
+async fn run_session(
+    node: Arc<Node>,
+    hello: pb::Hello,
+    mut inbound: Streaming<pb::WorkerMessage>,
+    out: Outbound,
+) {
+    let (tx, mut to_worker) = mpsc::channel(hello.capacity as usize + 16);
+    let conn = node.dispatcher.register(
+        &hello.worker_id,
+        hello.groups.clone(),
+        hello.capacity as usize,
+        tx,
+    );
+    tracing::info!(worker = %hello.worker_id, groups = ?hello.groups, capacity = hello.capacity, "worker connected");
+    if out
+        .send(msg(Out::Welcome(pb::Welcome { leader_id: node.id })))
+        .await
+        .is_ok()
+    {
+        node.dispatch_now();
+        loop {
+            tokio::select! {
+                m = to_worker.recv() => match m {
+                    Some(m) => {
+                        if !send_to_worker(&node, &out, m).await {
+                            break;
+                        }
+                    }
+                    None => {
+                        // Leadership moved: point the worker at the new leader.
+                        let leader_addr = node.leader().filter(|(id, _)| *id != node.id).map(|(_, a)| a).unwrap_or_default();
+                        let _ = out.send(msg(Out::Redirect(pb::Redirect { leader_addr }))).await;
+                        break;
+                    }
+                },
+                m = inbound.message() => match m {
+                    Ok(Some(m)) => on_message(&node, conn, &hello.worker_id, m, &out),
+                    _ => break,
+                },
+            }
+        }
+    }
+    node.dispatcher.unregister(conn);
+    tracing::info!(worker = %hello.worker_id, "worker disconnected");
+}
+
+/// Builds the assignment from committed state; false when the stream is gone.
+async fn send_to_worker(node: &Node, out: &Outbound, m: ToWorker) -> bool {
+    let m = match m {
+        ToWorker::Cancel { run, attempt } => Out::Cancel(pb::Cancel {
+            run_id: run.to_string(),
+            attempt,
+        }),
+        ToWorker::Assign {
+            run,
+            attempt,
+            deadline_ms,
+        } => {
+            let (Some(r), Some(job)) = (node.sm.get_run(&run), node.sm.get_job(&run.job)) else {
+                return true; // deleted since: nothing to run
+            };
+            Out::Assignment(pb::Assignment {
+                run_id: run.to_string(),
+                job: run.job.clone(),
+                scheduled_at_ms: run.scheduled_at_ms,
+                fired_at_ms: r.fired_at_ms,
+                attempt,
+                payload: job.payload,
+                deadline_ms,
+                fencing_token: format!("{run}#{attempt}"),
+            })
+        }
+    };
+    out.send(msg(m)).await.is_ok()
+}
+
+fn on_message(node: &Arc<Node>, conn: u64, worker: &str, m: pb::WorkerMessage, out: &Outbound) {
+    match m.msg {
+        Some(In::Finish(f)) => {
+            let node = node.clone();
+            let out = out.clone();
+            let worker = worker.to_string();
+            tokio::spawn(async move {
+                let ack = finish(&node, &worker, &f).await;
+                let _ = out.send(msg(Out::FinishAck(ack))).await;
+            });
+        }
+        Some(In::Heartbeat(h)) => {
+            let runs: Vec<RunId> = h.run_ids.iter().filter_map(|s| RunId::parse(s)).collect();
+            node.dispatcher.heartbeat(conn, &runs, node.clock.now_ms());
+        }
+        Some(In::Hello(_)) | None => {
+            let _ = out.try_send(Err(Status::invalid_argument(
+                "hello: only the first message may be a Hello",
+            )));
+        }
+    }
+}
+
+async fn finish(node: &Node, worker: &str, f: &pb::Finish) -> pb::FinishAck {
+    let refuse = |error: String| pb::FinishAck {
+        run_id: f.run_id.clone(),
+        attempt: f.attempt,
+        accepted: false,
+        error,
+    };
+    let Some(run) = RunId::parse(&f.run_id) else {
+        return refuse(format!(
+            "finish.run_id: expected <job>@<scheduled_at_ms>, got {:?}",
+            f.run_id
+        ));
+    };
+    if f.result.len() > limits::RESULT_MAX_BYTES {
+        return refuse(format!(
+            "finish.result: at most {} bytes, got {}",
+            limits::RESULT_MAX_BYTES,
+            f.result.len()
+        ));
+    }
+    let report = FinishReport {
+        run,
+        attempt: f.attempt,
+        success: f.success,
+        result: f.result.clone(),
+        error: f.error.clone(),
+        retryable: f.retryable,
+        worker: worker.to_string(),
+        received_at_ms: f.received_at_ms,
+        jitter_ms: 0,
+    };
+    match node.finish(report).await {
+        Ok(()) => pb::FinishAck {
+            run_id: f.run_id.clone(),
+            attempt: f.attempt,
+            accepted: true,
+            error: String::new(),
+        },
+        Err(e) => refuse(e.to_string()),
+    }
+}

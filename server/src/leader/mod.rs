@@ -1,0 +1,265 @@
+//! Leader-only work: firing due wheel entries, dispatching ready runs to
+//! workers, expiring leases and measuring clock offsets. It runs only
+//! while this node leads, and is rebuilt from replicated state at every
+//! new term. Nothing here decides a fire: it proposes `Fire`, and apply
+//! decides; dispatch follows only from committed effects.
+
+pub mod dispatch;
+pub mod wheel;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ServerState;
+use rand::Rng;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::{sleep, Instant};
+
+use crate::core::{limits, Command, Effect, WheelKey};
+use crate::node::Node;
+use wheel::TimingWheel;
+
+/// How far ahead the in-memory wheel holds entries.
+pub const HORIZON_MS: i64 = 60_000;
+/// Most keys held in memory; beyond this the durable index is read later.
+pub const WHEEL_MAX_KEYS: usize = 1_000_000;
+/// Most active runs loaded when leadership starts.
+pub const ACTIVE_LOAD_MAX: usize = 1_000_000;
+const LEASE_CHECK: Duration = Duration::from_millis(100);
+const CLOCK_PROBE: Duration = Duration::from_millis(1000);
+
+/// Watches Raft metrics and runs the leader's tasks for as long as this node leads.
+pub async fn supervise(node: Arc<Node>) {
+    let mut metrics = node.raft.metrics();
+    let mut current: Option<(u64, tokio::task::JoinHandle<()>)> = None;
+    loop {
+        let (leading, term) = {
+            let m = metrics.borrow_and_update();
+            (
+                m.state == ServerState::Leader && m.current_leader == Some(node.id),
+                m.current_term,
+            )
+        };
+        match (&current, leading) {
+            (Some((t, _)), true) if *t == term => {}
+            (_, true) => {
+                stop(&node, current.take());
+                tracing::info!(term, "leading: starting firing and dispatch");
+                current = Some((term, tokio::spawn(lead(node.clone()))));
+            }
+            (Some(_), false) => {
+                tracing::info!(term, "no longer leading: stopping firing and dispatch");
+                stop(&node, current.take());
+            }
+            (None, false) => {}
+        }
+        if metrics.changed().await.is_err() {
+            stop(&node, current.take());
+            return;
+        }
+    }
+}
+
+fn stop(node: &Node, task: Option<(u64, tokio::task::JoinHandle<()>)>) {
+    if let Some((_, h)) = task {
+        h.abort();
+        node.dispatcher.clear();
+        node.clock.reset();
+    }
+}
+
+async fn lead(node: Arc<Node>) {
+    let prober = tokio::spawn(probe_clocks(node.clone()));
+    if let Err(e) = Term::start(node.clone()).await {
+        tracing::warn!("leader loop ended: {e}");
+    }
+    prober.abort();
+}
+
+/// Keys loaded from the durable index: everything due at or before
+/// `complete_upto`, plus keys up to `partial` when a load was cut short.
+struct Term {
+    node: Arc<Node>,
+    wheel: TimingWheel<WheelKey>,
+    complete_upto: i64,
+    partial: Option<WheelKey>,
+}
+
+impl Term {
+    async fn start(node: Arc<Node>) -> anyhow::Result<()> {
+        // Subscribe before reading state so no effect falls in between.
+        let mut effects = node.sm.subscribe();
+        node.raft.ensure_linearizable().await?;
+        while !node.clock.is_calibrated() {
+            sleep(Duration::from_millis(10)).await;
+        }
+        let now = node.clock.now_ms();
+        let mut term = Term {
+            wheel: TimingWheel::new(10, &[256, 64], now),
+            complete_upto: i64::MIN,
+            partial: None,
+            node,
+        };
+        term.resync(now);
+        let mut lease_tick = tokio::time::interval(LEASE_CHECK);
+        loop {
+            let now = term.node.clock.now_ms();
+            term.refill(now);
+            let due: Vec<WheelKey> = term
+                .wheel
+                .advance(now, limits::FIRE_BATCH_MAX)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            if !due.is_empty() {
+                term.fire(now, due).await?;
+                continue;
+            }
+            let wake_ms = term
+                .wheel
+                .next_due_ms()
+                .unwrap_or(now + 1000)
+                .min(now + 1000);
+            let wake = Instant::now() + Duration::from_millis((wake_ms - now).max(0) as u64);
+            tokio::select! {
+                r = effects.recv() => match r {
+                    Ok(batch) => term.on_effects(&batch),
+                    Err(RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "effect channel lagged; resyncing from state");
+                        term.resync(term.node.clock.now_ms());
+                    }
+                    Err(RecvError::Closed) => return Ok(()),
+                },
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = lease_tick.tick() => term.expire_leases(),
+            }
+        }
+    }
+
+    /// Rebuilds the in-memory wheel and dispatch state from replicated state.
+    fn resync(&mut self, now: i64) {
+        self.wheel.clear();
+        self.complete_upto = i64::MIN;
+        self.partial = None;
+        self.node
+            .dispatcher
+            .rebuild(self.node.sm.active_runs(ACTIVE_LOAD_MAX), now);
+        self.node.dispatch_now();
+    }
+
+    fn is_loaded(&self, k: &WheelKey) -> bool {
+        k.fire_at_ms <= self.complete_upto || self.partial.as_ref().is_some_and(|p| k <= p)
+    }
+
+    /// Loads durable keys up to the horizon, bounded by `WHEEL_MAX_KEYS`.
+    fn refill(&mut self, now: i64) {
+        let target = (now + HORIZON_MS).min(self.wheel.horizon_ms());
+        if self.complete_upto >= now + HORIZON_MS / 2 || self.complete_upto >= target {
+            return;
+        }
+        let room = WHEEL_MAX_KEYS.saturating_sub(self.wheel.len());
+        if room == 0 {
+            return;
+        }
+        let keys =
+            self.node
+                .sm
+                .wheel_range(self.partial.as_ref(), self.complete_upto, target, room);
+        let full = keys.len() == room;
+        for k in &keys {
+            let at = k.fire_at_ms;
+            self.wheel.insert(k.clone(), at);
+        }
+        if full {
+            self.partial = keys.last().cloned();
+        } else {
+            self.complete_upto = target;
+            self.partial = None;
+        }
+    }
+
+    async fn fire(&mut self, now: i64, keys: Vec<WheelKey>) -> anyhow::Result<()> {
+        match self
+            .node
+            .propose(Command::Fire {
+                now_ms: now,
+                keys: keys.clone(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // Not committed (as far as we know): keep the keys so a retry can fire them.
+                for k in keys {
+                    let at = k.fire_at_ms;
+                    self.wheel.insert(k, at);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    fn on_effects(&mut self, batch: &[Effect]) {
+        let d = &self.node.dispatcher;
+        for e in batch {
+            match e {
+                Effect::Scheduled(k) => {
+                    if self.is_loaded(k) {
+                        self.wheel.insert(k.clone(), k.fire_at_ms);
+                    }
+                }
+                Effect::Ready {
+                    run,
+                    attempt,
+                    group,
+                    priority,
+                    timeout_ms,
+                } => d.ready(run.clone(), *attempt, group, *priority, *timeout_ms),
+                Effect::Ended { run, attempt } => d.ended(run, *attempt),
+                Effect::Cancel { run, attempt } => d.cancel(run, *attempt),
+            }
+        }
+        self.node.dispatch_now();
+    }
+
+    fn expire_leases(&self) {
+        let now = self.node.clock.now_ms();
+        let expired = self.node.dispatcher.expired(now);
+        if expired.is_empty() {
+            return;
+        }
+        let mut rng = rand::thread_rng();
+        let with_jitter = expired
+            .iter()
+            .map(|(r, a)| (r.clone(), *a, rng.gen_range(0..10_000u64)))
+            .collect();
+        let node = self.node.clone();
+        tokio::spawn(async move {
+            if let Err(e) = node
+                .propose(Command::Expire {
+                    now_ms: now,
+                    expired: with_jitter,
+                })
+                .await
+            {
+                tracing::warn!("lease expiry not committed: {e}");
+                node.dispatcher.expire_failed(&expired);
+            }
+        });
+    }
+}
+
+/// Measures every voter's clock against ours and updates cluster time.
+async fn probe_clocks(node: Arc<Node>) {
+    loop {
+        let voters = node.voters();
+        let mut offsets = Vec::new();
+        for (id, addr) in voters.iter().filter(|(id, _)| *id != node.id) {
+            if let Some(off) = node.probe_clock(addr).await {
+                offsets.push((*id, off));
+            }
+        }
+        node.clock.update(&offsets, voters.len());
+        sleep(CLOCK_PROBE).await;
+    }
+}

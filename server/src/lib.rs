@@ -1,0 +1,15 @@
+//! Kairos server library: a Raft-replicated scheduling server.
+//!
+//! See `ARCHITECTURE.md` at the repository root for the codemap and the
+//! invariants each module keeps.
+
+pub mod clock;
+pub mod core;
+pub mod grpc;
+pub mod http;
+pub mod leader;
+pub mod node;
+pub mod raft;
+pub mod store;
+
+pub use node::{run, Config};

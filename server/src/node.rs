@@ -1,0 +1,402 @@
+//! One Kairos node: opens storage, starts Raft, serves gRPC and HTTP, and
+//! runs the leader's tasks while it leads. [`run`] takes a validated
+//! [`Config`] and already bound listeners, so tests can start nodes on
+//! port 0; the `kairos` binary is a thin clap wrapper around it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kairos_proto::peer::{peer_client::PeerClient, Empty};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::BasicNode;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::Channel;
+
+use crate::clock::{probe_offset, Clock, ClusterClock, SystemClock};
+use crate::core::{limits, Command, CommandError, FinishReport, Response};
+use crate::leader::dispatch::{Dispatcher, Handed};
+use crate::raft::{network, NodeId, Raft};
+use crate::store::{self, LogStore, StateMachine};
+
+/// Validated node configuration.
+#[derive(Clone)]
+pub struct Config {
+    pub id: NodeId,
+    /// Address other nodes and clients use for this node's gRPC port.
+    pub advertise: String,
+    pub data_dir: PathBuf,
+    /// Every voter of a fresh cluster, this node included.
+    pub peers: BTreeMap<NodeId, String>,
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// Build a snapshot after this many log entries.
+    pub snapshot_logs: u64,
+    /// Log entries kept behind a snapshot for slow followers.
+    pub keep_logs: u64,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Config {
+    pub fn new(
+        id: NodeId,
+        advertise: String,
+        data_dir: PathBuf,
+        peers: BTreeMap<NodeId, String>,
+    ) -> Self {
+        Config {
+            id,
+            advertise,
+            data_dir,
+            peers,
+            heartbeat_ms: 100,
+            election_min_ms: 400,
+            election_max_ms: 800,
+            snapshot_logs: 10_000,
+            keep_logs: 1_000,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.id > 0, "id: must be at least 1");
+        anyhow::ensure!(
+            self.peers.get(&self.id).is_some(),
+            "peers: must include this node's own id {} (e.g. --peers {}={})",
+            self.id,
+            self.id,
+            self.advertise
+        );
+        anyhow::ensure!(
+            self.peers.len() <= 9,
+            "peers: at most 9 voters, got {}",
+            self.peers.len()
+        );
+        anyhow::ensure!(
+            self.heartbeat_ms * 2 < self.election_min_ms
+                && self.election_min_ms < self.election_max_ms,
+            "election timeouts: need heartbeat*2 < election_min < election_max"
+        );
+        anyhow::ensure!(self.snapshot_logs > 0, "snapshot_logs: must be at least 1");
+        Ok(())
+    }
+
+    fn raft_config(&self) -> anyhow::Result<openraft::Config> {
+        let c = openraft::Config {
+            cluster_name: "kairos".into(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_min_ms,
+            election_timeout_max: self.election_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs),
+            max_in_snapshot_log_to_keep: self.keep_logs,
+            max_payload_entries: 256,
+            ..Default::default()
+        };
+        Ok(c.validate()?)
+    }
+}
+
+/// Why a proposal did not produce a response.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    #[error("this node is not the leader")]
+    NotLeader { leader: Option<(NodeId, String)> },
+    /// The outcome is unknown: it may still commit.
+    #[error("proposal timed out; the outcome is unknown")]
+    Timeout,
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+type FinishItem = (FinishReport, oneshot::Sender<Result<(), CommandError>>);
+
+pub struct Node {
+    pub id: NodeId,
+    pub addr: String,
+    pub raft: Raft,
+    pub sm: StateMachine,
+    pub log: LogStore,
+    pub clock: Arc<ClusterClock>,
+    pub dispatcher: Arc<Dispatcher>,
+    assign_tx: mpsc::Sender<Handed>,
+    finish_tx: mpsc::Sender<FinishItem>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on assignments and finishes waiting to be proposed.
+const BATCH_QUEUE: usize = 65_536;
+
+impl Node {
+    pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
+        let res = tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(cmd)).await;
+        match res {
+            Err(_) => Err(ProposeError::Timeout),
+            Ok(Ok(r)) => Ok(r.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(ProposeError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+                })
+            }
+            Ok(Err(e)) => Err(ProposeError::Raft(e.to_string())),
+        }
+    }
+
+    /// The leader this node knows of, with its address.
+    pub fn leader(&self) -> Option<(NodeId, String)> {
+        let m = self.raft.metrics().borrow().clone();
+        let id = m.current_leader?;
+        let addr = m.membership_config.membership().get_node(&id)?.addr.clone();
+        Some((id, addr))
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
+    }
+
+    /// Voters of the current membership with their addresses.
+    pub fn voters(&self) -> Vec<(NodeId, String)> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
+        m.membership()
+            .nodes()
+            .filter(|(id, _)| voters.contains(id))
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect()
+    }
+
+    /// All members (voters and learners) with their addresses.
+    pub fn members(&self) -> Vec<(NodeId, String)> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership()
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect()
+    }
+
+    /// A cached, lazily connecting channel to another node.
+    pub fn channel(&self, addr: &str) -> Option<Channel> {
+        let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = map.get(addr) {
+            return Some(c.clone());
+        }
+        let c = network::channel(addr).ok()?;
+        map.insert(addr.to_string(), c.clone());
+        Some(c)
+    }
+
+    /// One round-trip clock probe; the peer's offset from our clock.
+    pub async fn probe_clock(&self, addr: &str) -> Option<i64> {
+        let mut client = PeerClient::new(self.channel(addr)?);
+        let mut req = tonic::Request::new(Empty {});
+        req.set_timeout(Duration::from_millis(500));
+        let sent = self.clock.local_ms();
+        let peer = client.clock_probe(req).await.ok()?.into_inner().now_ms;
+        Some(probe_offset(sent, peer, self.clock.local_ms()))
+    }
+
+    /// Hands queued attempts to workers and records the handovers through the log.
+    pub fn dispatch_now(&self) {
+        for h in self.dispatcher.dispatch(self.clock.now_ms()) {
+            if self.assign_tx.try_send(h).is_err() {
+                tracing::warn!("assignment record queue full; the attempt stays pending in state");
+            }
+        }
+    }
+
+    /// Proposes a worker's finish (batched with others) and waits for the commit.
+    pub async fn finish(&self, report: FinishReport) -> Result<(), CommandError> {
+        let (tx, rx) = oneshot::channel();
+        let busy = || {
+            CommandError::FailedPrecondition(
+                "finish not committed (leader busy or changing); retry".into(),
+            )
+        };
+        self.finish_tx.try_send((report, tx)).map_err(|_| busy())?;
+        rx.await.map_err(|_| busy())?
+    }
+}
+
+/// Drains up to `max` queued items after the first, so one log entry carries many.
+async fn next_batch<T>(rx: &mut mpsc::Receiver<T>, max: usize) -> Option<Vec<T>> {
+    let first = rx.recv().await?;
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(x) => batch.push(x),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
+async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
+    while let Some(batch) = next_batch(&mut rx, limits::FINISH_BATCH_MAX).await {
+        let assignments = batch
+            .into_iter()
+            .map(|h| (h.run, h.attempt, h.worker))
+            .collect();
+        let cmd = Command::Assign {
+            now_ms: node.clock.now_ms(),
+            assignments,
+        };
+        if let Err(e) = node.propose(cmd).await {
+            tracing::debug!("assignment record not committed: {e}");
+        }
+    }
+}
+
+async fn commit_finishes(node: Arc<Node>, mut rx: mpsc::Receiver<FinishItem>) {
+    use rand::Rng;
+    while let Some(batch) = next_batch(&mut rx, limits::FINISH_BATCH_MAX).await {
+        let (mut reports, waiters): (Vec<FinishReport>, Vec<_>) = batch.into_iter().unzip();
+        let mut rng = rand::thread_rng();
+        for r in &mut reports {
+            r.jitter_ms = rng.gen_range(0..10_000);
+        }
+        let node = node.clone();
+        // Commit batches concurrently; each waiter gets its own report's result.
+        tokio::spawn(async move {
+            let res = node
+                .propose(Command::Finish {
+                    now_ms: node.clock.now_ms(),
+                    reports,
+                })
+                .await;
+            let results = match res {
+                Ok(Response::Batch(results)) => results.into_iter().map(Some).collect(),
+                Ok(other) => vec![Some(Err(CommandError::FailedPrecondition(format!(
+                    "unexpected {other:?}"
+                ))))],
+                Err(e) => vec![Some(Err(CommandError::FailedPrecondition(format!(
+                    "finish not committed: {e}"
+                ))))],
+            };
+            let fallback = results.first().cloned().flatten();
+            for (i, w) in waiters.into_iter().enumerate() {
+                let r = results
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .or_else(|| fallback.clone())
+                    .unwrap_or(Ok(()));
+                let _ = w.send(r);
+            }
+        });
+    }
+}
+
+/// Bootstraps a fresh cluster: the lowest id initializes once every peer answers.
+async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
+    if node.raft.is_initialized().await.unwrap_or(true) || peers.keys().next() != Some(&node.id) {
+        return;
+    }
+    loop {
+        let mut all = true;
+        for (id, addr) in peers.iter().filter(|(id, _)| **id != node.id) {
+            let Some(ch) = node.channel(addr) else { return };
+            let mut req = tonic::Request::new(Empty {});
+            req.set_timeout(Duration::from_millis(500));
+            match PeerClient::new(ch).local_status(req).await {
+                Ok(s) if s.get_ref().term > 0 => {
+                    tracing::info!(
+                        peer = id,
+                        "peer already belongs to a cluster; not bootstrapping"
+                    );
+                    return;
+                }
+                Ok(_) => {}
+                Err(_) => all = false,
+            }
+        }
+        if all {
+            let members: BTreeMap<NodeId, BasicNode> = peers
+                .iter()
+                .map(|(id, a)| (*id, BasicNode { addr: a.clone() }))
+                .collect();
+            match node.raft.initialize(members).await {
+                Ok(()) => tracing::info!("cluster bootstrapped with {} voters", peers.len()),
+                Err(e) => tracing::info!("bootstrap skipped: {e}"),
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs a node until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    grpc: TcpListener,
+    http: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config.validate()?;
+    let (log, sm) = store::open(&config.data_dir, Default::default())?;
+    let raft_config = Arc::new(config.raft_config()?);
+    let raft = Raft::new(
+        config.id,
+        raft_config,
+        network::Network,
+        log.clone(),
+        sm.clone(),
+    )
+    .await?;
+    let (assign_tx, assign_rx) = mpsc::channel(BATCH_QUEUE);
+    let (finish_tx, finish_rx) = mpsc::channel(BATCH_QUEUE);
+    let node = Arc::new(Node {
+        id: config.id,
+        addr: config.advertise.clone(),
+        raft,
+        sm,
+        log,
+        clock: Arc::new(ClusterClock::new(config.clock.clone())),
+        dispatcher: Arc::new(Dispatcher::default()),
+        assign_tx,
+        finish_tx,
+        channels: Mutex::new(HashMap::new()),
+    });
+    let tasks = vec![
+        tokio::spawn(record_assignments(node.clone(), assign_rx)),
+        tokio::spawn(commit_finishes(node.clone(), finish_rx)),
+        tokio::spawn(crate::leader::supervise(node.clone())),
+        tokio::spawn(bootstrap(node.clone(), config.peers.clone())),
+    ];
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let http_task = http.map(|l| {
+        tokio::spawn(crate::http::serve(
+            node.clone(),
+            l,
+            wait_stop(stop_rx.clone()),
+        ))
+    });
+    tracing::info!(id = node.id, addr = %node.addr, "node started");
+    crate::grpc::serve(node.clone(), grpc, wait_stop(stop_rx)).await?;
+    for t in tasks {
+        t.abort();
+    }
+    if let Some(t) = http_task {
+        t.abort();
+    }
+    node.raft
+        .shutdown()
+        .await
+        .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+    Ok(())
+}
+
+async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}

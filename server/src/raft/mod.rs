@@ -1,0 +1,30 @@
+//! Raft wiring: the openraft type configuration, the peer network over
+//! gRPC, and the openraft `Config` Kairos runs with.
+
+pub mod network;
+
+use std::io::Cursor;
+
+use crate::core::{Command, Response};
+
+openraft::declare_raft_types!(
+    /// Kairos' Raft types: commands in, responses out, u64 node ids.
+    pub TypeConfig:
+        D = Command,
+        R = Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type NodeId = u64;
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type Vote = openraft::Vote<NodeId>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
+pub type Snapshot = openraft::storage::Snapshot<TypeConfig>;
+pub type StorageError = openraft::StorageError<NodeId>;

@@ -1,0 +1,40 @@
+//! Durable storage: the only module that touches sled. The Raft log, vote
+//! and the replicated state live in separate trees of one sled database;
+//! `kv` puts them behind the project's own [`kv::KvTree`] trait.
+
+pub mod kv;
+pub mod log;
+pub mod sm;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use log::LogStore;
+pub use sm::StateMachine;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("storage: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("storage: data directory {dir} holds format version {found}, this binary understands {expected}")]
+    Version {
+        dir: String,
+        found: u32,
+        expected: u32,
+    },
+    #[error("storage: corrupt value: {0}")]
+    Corrupt(String),
+}
+
+/// Opens (or creates) the database in `dir` and returns its log and state-machine stores.
+pub fn open(dir: &Path, sm_opts: sm::Options) -> Result<(LogStore, StateMachine), StoreError> {
+    std::fs::create_dir_all(dir).map_err(|e| StoreError::Sled(e.into()))?;
+    let db = sled::Config::new()
+        .path(dir.join("db"))
+        .mode(sled::Mode::HighThroughput)
+        .open()?;
+    let db = Arc::new(db);
+    let log = LogStore::open(db.clone())?;
+    let sm = StateMachine::open(db, dir, sm_opts)?;
+    Ok((log, sm))
+}
