@@ -67,6 +67,11 @@ fn render_metrics(node: &Node) -> String {
         s,
         "# TYPE kairos_applied_index gauge\nkairos_applied_index {applied}"
     );
+    let first_log = node.log.first_index().unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "# TYPE kairos_log_first_index gauge\nkairos_log_first_index {first_log}"
+    );
     let last_log = m.last_log_index.unwrap_or(0);
     let _ = writeln!(
         s,

@@ -1,1 +1,253 @@
+//! Test harness for end-to-end tests: a cluster of real `kairos` processes
+//! on free loopback ports with temporary data directories. Nodes can be
+//! SIGKILLed and restarted from their data. Helpers wait on conditions,
+//! never on fixed sleeps.
 
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kairos_client::{pb, Client};
+
+/// The `kairos` binary next to this test executable (built by cargo with the workspace).
+pub fn kairos_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("KAIROS_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    dir.join("kairos")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub struct NodeProc {
+    pub id: u64,
+    pub addr: String,
+    pub http: String,
+    pub data: PathBuf,
+    child: Option<Child>,
+}
+
+pub struct Cluster {
+    pub nodes: Vec<NodeProc>,
+    peers: String,
+    extra: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` nodes; `extra` flags go to every `kairos serve`.
+    pub fn start(n: u64, extra: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nodes: Vec<NodeProc> = (1..=n)
+            .map(|id| NodeProc {
+                id,
+                addr: format!("127.0.0.1:{}", free_port()),
+                http: format!("127.0.0.1:{}", free_port()),
+                data: dir.path().join(format!("node{id}")),
+                child: None,
+            })
+            .collect();
+        let peers = nodes
+            .iter()
+            .map(|n| format!("{}={}", n.id, n.addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Cluster {
+            nodes,
+            peers,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            _dir: dir,
+        };
+        for id in 1..=n {
+            c.start_node(id);
+        }
+        c
+    }
+
+    pub fn start_node(&mut self, id: u64) {
+        let peers = self.peers.clone();
+        let extra = self.extra.clone();
+        let n = self.node_mut(id);
+        std::fs::create_dir_all(&n.data).expect("data dir");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(n.data.with_extension("log"))
+            .expect("log");
+        let child = Command::new(kairos_bin())
+            .args([
+                "serve",
+                "--id",
+                &id.to_string(),
+                "--listen",
+                &n.addr,
+                "--http",
+                &n.http,
+                "--peers",
+                &peers,
+            ])
+            .arg("--data-dir")
+            .arg(&n.data)
+            .args(&extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn kairos (is the binary built? cargo build -p kairos-server)");
+        n.child = Some(child);
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut c) = self.node_mut(id).child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn node_mut(&mut self, id: u64) -> &mut NodeProc {
+        self.nodes.iter_mut().find(|n| n.id == id).expect("node id")
+    }
+
+    pub fn node(&self, id: u64) -> &NodeProc {
+        self.nodes.iter().find(|n| n.id == id).expect("node id")
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.addr.clone()).collect()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(self.endpoints()).with_retry_for(Duration::from_secs(30))
+    }
+
+    /// A client talking only to node `id`.
+    pub fn client_of(&self, id: u64) -> Client {
+        Client::new([self.node(id).addr.clone()]).with_retry_for(Duration::from_secs(1))
+    }
+
+    /// Waits until a leader is elected and every live node reports it; returns its id.
+    pub async fn wait_leader(&self) -> u64 {
+        let c = self.client();
+        wait_for("a leader", Duration::from_secs(60), || async {
+            let s = c.status().await.ok()?;
+            let leader = s.nodes.iter().find(|n| n.role == "leader")?;
+            Some(leader.id)
+        })
+        .await
+    }
+
+    /// Cluster status as seen through node `via`.
+    pub async fn status_via(&self, via: u64) -> Option<pb::StatusResponse> {
+        self.client_of(via).status().await.ok()
+    }
+
+    /// Waits until every listed node reports the same applied index, and returns the statuses.
+    pub async fn wait_converged(&self, via: u64, ids: &[u64]) -> Vec<pb::NodeStatus> {
+        wait_for("replicas to converge", Duration::from_secs(60), || async {
+            let s = self.status_via(via).await?;
+            let nodes: Vec<pb::NodeStatus> = s
+                .nodes
+                .into_iter()
+                .filter(|n| ids.contains(&n.id))
+                .collect();
+            let first = nodes.first()?.applied_index;
+            let same = nodes.len() == ids.len()
+                && nodes
+                    .iter()
+                    .all(|n| n.applied_index == first && n.role != "unreachable");
+            same.then_some(nodes)
+        })
+        .await
+    }
+
+    /// Reads a gauge from a node's /metrics.
+    pub fn metric(&self, id: u64, name: &str) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.node(id).http).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Polls `f` until it returns Some, or panics after `timeout` naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn every_job(id: &str, group: &str, every_ms: u64) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        schedule: Some(pb::Schedule {
+            kind: Some(pb::schedule::Kind::EveryMs(every_ms)),
+        }),
+        group: group.into(),
+        ..Default::default()
+    }
+}
+
+pub async fn create(c: &Client, spec: pb::JobSpec) -> Result<pb::Job, tonic::Status> {
+    let req = pb::CreateJobRequest { spec: Some(spec) };
+    c.jobs(|mut j| {
+        let r = req.clone();
+        async move { j.create_job(r).await }
+    })
+    .await
+}
+
+/// Checks a fixed-rate job's run history: each scheduled time once, consecutive ones exactly `every_ms` apart.
+pub fn assert_no_gap_no_double(runs: &[pb::Run], every_ms: i64) {
+    assert!(!runs.is_empty(), "no runs at all");
+    for w in runs.windows(2) {
+        let d = w[1].scheduled_at_ms - w[0].scheduled_at_ms;
+        assert_eq!(
+            d, every_ms,
+            "runs {} and {} are {d} ms apart (gap or double)",
+            w[0].run_id, w[1].run_id
+        );
+    }
+    for r in runs {
+        assert!(
+            r.fired_at_ms >= r.scheduled_at_ms,
+            "run {} fired at {} before its time",
+            r.run_id,
+            r.fired_at_ms
+        );
+    }
+}

@@ -9,6 +9,8 @@ pub mod codec;
 pub mod command;
 pub mod keys;
 pub mod schedule;
+#[cfg(test)]
+mod tests;
 pub mod types;
 pub mod validate;
 pub mod view;
