@@ -210,7 +210,10 @@ impl Worker {
                 m = inbound.message() => match m? {
                     None => return Ok(SessionEnd::Closed),
                     Some(pb::ServerMessage { msg: Some(In::Redirect(r)) }) => return Ok(SessionEnd::Redirect(r.leader_addr)),
-                    Some(pb::ServerMessage { msg: Some(m) }) => on_server_message(m, &handler, &shared, &tx, *stop.borrow()).await,
+                    Some(pb::ServerMessage { msg: Some(m) }) => {
+                        let stopping = *stop.borrow();
+                        on_server_message(m, &handler, &shared, &tx, stopping).await
+                    }
                     Some(_) => {}
                 },
                 _ = beat.tick() => {

@@ -219,8 +219,9 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
     }
 
     fn update_job(&mut self, spec: &JobSpec, expected: u64) -> Result<Job, CommandError> {
-        validate::job_spec(spec, self.now)?;
         let mut job = self.job(&spec.id)?;
+        // An unchanged schedule is not re-validated: a past `at` stays acceptable.
+        validate::job_spec_with(spec, self.now, !spec.schedule.matches(&job.schedule))?;
         if expected != 0 && expected != job.revision {
             return Err(CommandError::RevisionMismatch {
                 id: job.id,
@@ -342,7 +343,9 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
                 self.put(keys::job(&job.id), &job);
                 Ok(true)
             }
-            EntryKind::Retry => Ok(self.fire_retry(&RunId::new(&key.job, key.scheduled_at_ms))),
+            EntryKind::Retry => {
+                Ok(self.fire_retry(&RunId::new(&key.job, key.scheduled_at_ms), key.fire_at_ms))
+            }
         }
     }
 
@@ -381,13 +384,16 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
         Ok(())
     }
 
-    fn fire_retry(&mut self, id: &RunId) -> bool {
+    /// Only the run's current retry entry starts the next attempt; an entry
+    /// left behind by a cancelled or manually retried attempt is stale.
+    fn fire_retry(&mut self, id: &RunId, at_ms: i64) -> bool {
         let Some(mut run) = self.run_rec(id) else {
             return false;
         };
-        if run.state != RunState::RetryWait {
+        if run.state != RunState::RetryWait || run.retry_at_ms != Some(at_ms) {
             return false;
         }
+        run.retry_at_ms = None;
         run.attempt += 1;
         run.state = RunState::Pending;
         run.worker.clear();
@@ -424,6 +430,7 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
             result: Vec::new(),
             error: String::new(),
             note,
+            retry_at_ms: None,
         }
     }
 
@@ -601,6 +608,11 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
                 let Some(mut run) = self.live_attempt(id, *attempt)? else {
                     return Ok(());
                 };
+                // The worker may still be running it: tell it to stop.
+                self.effects.push(Effect::Cancel {
+                    run: id.clone(),
+                    attempt: *attempt,
+                });
                 run.error = format!(
                     "attempt {attempt} timed out (no finish or heartbeat within the lease)"
                 );
@@ -626,6 +638,7 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
                 .now
                 .saturating_add(backoff.saturating_add(jitter) as i64);
             run.state = RunState::RetryWait;
+            run.retry_at_ms = Some(at);
             run.note = format!("attempt {} {}; retry at {at}", run.attempt, last.as_str());
             self.effects.push(Effect::Ended {
                 run: run.id.clone(),

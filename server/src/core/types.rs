@@ -90,6 +90,8 @@ impl ScheduleInput {
                 every_ms == e
             }
             (ScheduleInput::At { at_ms }, Schedule::Once { at_ms: a }) => at_ms == a,
+            // A relative one-shot keeps its resolved instant; give `at` to move it.
+            (ScheduleInput::After { .. }, Schedule::Once { .. }) => true,
             _ => false,
         }
     }
@@ -238,6 +240,8 @@ pub struct Run {
     pub result: Vec<u8>,
     pub error: String,
     pub note: String,
+    /// When a RetryWait run's next attempt is due (its one live Retry entry).
+    pub retry_at_ms: Option<i64>,
 }
 
 /// What kind of timer a wheel entry is.

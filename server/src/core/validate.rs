@@ -71,6 +71,15 @@ pub fn schedule(s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
 }
 
 pub fn job_spec(spec: &JobSpec, now_ms: i64) -> Result<(), CommandError> {
+    job_spec_with(spec, now_ms, true)
+}
+
+/// As [`job_spec`], optionally leaving the schedule unchecked (an update that keeps it).
+pub fn job_spec_with(
+    spec: &JobSpec,
+    now_ms: i64,
+    check_schedule: bool,
+) -> Result<(), CommandError> {
     job_id(&spec.id)?;
     name("group", &spec.group, limits::GROUP_MAX_BYTES)?;
     if spec.payload.len() > limits::PAYLOAD_MAX_BYTES {
@@ -80,7 +89,9 @@ pub fn job_spec(spec: &JobSpec, now_ms: i64) -> Result<(), CommandError> {
             spec.payload.len()
         )));
     }
-    schedule(&spec.schedule, now_ms)?;
+    if check_schedule {
+        schedule(&spec.schedule, now_ms)?;
+    }
     policy(&spec.policy)
 }
 

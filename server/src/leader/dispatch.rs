@@ -18,6 +18,9 @@ use crate::core::{ActiveRun, RunId, RunState};
 
 /// Most ready attempts queued in memory per group.
 pub const QUEUE_MAX: usize = 100_000;
+/// A worker that neither heartbeats nor finishes for this long loses its
+/// attempts, even before their deadline (worker SDKs heartbeat every second).
+pub const LEASE_MS: i64 = 5_000;
 
 /// A message for one connected worker's stream.
 #[derive(Debug, Clone)]
@@ -68,7 +71,10 @@ struct Worker {
 #[derive(Debug, Clone)]
 struct Lease {
     attempt: u32,
+    /// Hard end of the attempt: assignment (or takeover) plus the job's timeout.
     deadline_ms: i64,
+    /// Liveness: extended by heartbeats.
+    lease_until_ms: i64,
     timeout_ms: u64,
     conn: Option<u64>,
     expiring: bool,
@@ -80,6 +86,8 @@ struct State {
     queued: HashSet<RunId>,
     workers: BTreeMap<u64, Worker>,
     leases: HashMap<RunId, Lease>,
+    /// Worker that held a run's last ended attempt: its retry goes elsewhere if it can.
+    prev_worker: HashMap<RunId, String>,
     next_conn: u64,
 }
 
@@ -170,6 +178,11 @@ impl Dispatcher {
             if let Some(conn) = s.leases.remove(run).and_then(|l| l.conn) {
                 if let Some(w) = s.workers.get_mut(&conn) {
                     w.in_flight.remove(run);
+                    let id = w.id.clone();
+                    if s.prev_worker.len() >= QUEUE_MAX {
+                        s.prev_worker.clear();
+                    }
+                    s.prev_worker.insert(run.clone(), id);
                 }
             }
         }
@@ -195,7 +208,7 @@ impl Dispatcher {
         let mut s = self.lock();
         for run in runs {
             if let Some(l) = s.leases.get_mut(run) {
-                l.deadline_ms = now_ms.saturating_add(l.timeout_ms as i64);
+                l.lease_until_ms = now_ms.saturating_add(LEASE_MS);
                 if l.conn.is_none() {
                     l.conn = Some(conn);
                 }
@@ -225,11 +238,19 @@ impl Dispatcher {
             .map(|(g, _)| g.clone())
             .collect();
         for g in groups {
-            while let Some(conn) = pick_worker(&s.workers, &g) {
+            loop {
+                let Some(top) = s.queues.get(&g).and_then(|q| q.peek()) else {
+                    break;
+                };
+                let avoid = s.prev_worker.get(&top.run).map(String::as_str);
+                let Some(conn) = pick_worker(&s.workers, &g, avoid) else {
+                    break;
+                };
                 let Some(item) = s.queues.get_mut(&g).and_then(|q| q.pop()) else {
                     break;
                 };
                 s.queued.remove(&item.run);
+                s.prev_worker.remove(&item.run);
                 let deadline_ms = now_ms.saturating_add(item.timeout_ms as i64);
                 let Some(w) = s.workers.get_mut(&conn) else {
                     break;
@@ -255,6 +276,7 @@ impl Dispatcher {
                 let lease = Lease {
                     attempt: item.attempt,
                     deadline_ms,
+                    lease_until_ms: now_ms.saturating_add(LEASE_MS),
                     timeout_ms: item.timeout_ms,
                     conn: Some(conn),
                     expiring: false,
@@ -270,7 +292,7 @@ impl Dispatcher {
         let mut s = self.lock();
         let mut out = Vec::new();
         for (run, l) in s.leases.iter_mut() {
-            if !l.expiring && l.deadline_ms <= now_ms {
+            if !l.expiring && (l.deadline_ms <= now_ms || l.lease_until_ms <= now_ms) {
                 l.expiring = true;
                 out.push((run.clone(), l.attempt));
             }
@@ -308,6 +330,7 @@ impl Dispatcher {
                     let lease = Lease {
                         attempt: a.attempt,
                         deadline_ms,
+                        lease_until_ms: now_ms.saturating_add(LEASE_MS),
                         timeout_ms: a.timeout_ms,
                         conn: None,
                         expiring: false,
@@ -346,11 +369,12 @@ impl Dispatcher {
 }
 
 /// The worker of `group` with free capacity and the fewest attempts in flight.
-fn pick_worker(workers: &BTreeMap<u64, Worker>, group: &str) -> Option<u64> {
+/// A retry prefers any worker other than `avoid` (the one whose attempt just ended).
+fn pick_worker(workers: &BTreeMap<u64, Worker>, group: &str, avoid: Option<&str>) -> Option<u64> {
     workers
         .iter()
         .filter(|(_, w)| w.in_flight.len() < w.capacity && w.groups.iter().any(|g| g == group))
-        .min_by_key(|(_, w)| w.in_flight.len())
+        .min_by_key(|(_, w)| (Some(w.id.as_str()) == avoid, w.in_flight.len()))
         .map(|(c, _)| *c)
 }
 
@@ -385,14 +409,17 @@ mod tests {
         let d = Dispatcher::default();
         let (tx, _rx) = mpsc::channel(16);
         let conn = d.register("w1", vec!["g".into()], 5, tx);
-        d.ready(rid("a", 1), 1, "g", 5, 100);
+        d.ready(rid("a", 1), 1, "g", 5, 60_000);
         assert_eq!(d.dispatch(0).len(), 1);
-        d.ready(rid("a", 1), 1, "g", 5, 100);
+        d.ready(rid("a", 1), 1, "g", 5, 60_000);
         assert!(d.dispatch(0).is_empty());
-        assert!(d.expired(99).is_empty());
-        d.heartbeat(conn, &[rid("a", 1)], 50);
-        assert!(d.expired(149).is_empty());
-        assert_eq!(d.expired(150), vec![(rid("a", 1), 1)]);
+        assert!(d.expired(LEASE_MS - 1).is_empty());
+        // Heartbeats keep the lease alive, but not past the attempt's deadline.
+        d.heartbeat(conn, &[rid("a", 1)], 4_000);
+        assert!(d.expired(4_000 + LEASE_MS - 1).is_empty());
+        d.heartbeat(conn, &[rid("a", 1)], 58_000);
+        assert!(d.expired(59_999).is_empty());
+        assert_eq!(d.expired(60_000), vec![(rid("a", 1), 1)]);
         assert!(d.expired(500).is_empty(), "reported once");
         // The retry is a new attempt and is dispatched.
         d.ended(&rid("a", 1), 1);
@@ -422,6 +449,22 @@ mod tests {
         let handed = d.dispatch(1000);
         assert_eq!(handed.len(), 1);
         assert_eq!(handed[0].run.job, "p");
-        assert_eq!(d.expired(1100), vec![(rid("r", 1), 1)]);
+        assert!(d.expired(1099).is_empty());
+        assert!(d.expired(1100).contains(&(rid("r", 1), 1)));
+    }
+
+    #[test]
+    fn a_retry_goes_to_another_worker_when_one_is_free() {
+        let d = Dispatcher::default();
+        let (tx1, _rx1) = mpsc::channel(16);
+        let (tx2, _rx2) = mpsc::channel(16);
+        d.register("slow", vec!["g".into()], 1, tx1);
+        d.ready(rid("a", 1), 1, "g", 5, 1000);
+        assert_eq!(d.dispatch(0)[0].worker, "slow");
+        d.register("fast", vec!["g".into()], 1, tx2);
+        d.ended(&rid("a", 1), 1);
+        d.ready(rid("a", 1), 2, "g", 5, 1000);
+        let h = d.dispatch(10);
+        assert_eq!((h[0].worker.as_str(), h[0].attempt), ("fast", 2));
     }
 }

@@ -1,0 +1,137 @@
+//! Execution through real workers (the worker SDK over gRPC): success,
+//! retries with backoff, final failure after max_attempts, and an attempt
+//! that outlives its lease being timed out and retried.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kairos_client::pb;
+use kairos_client::worker::{Outcome, Task, Worker};
+use kairos_tests::{create, wait_for, Cluster};
+
+fn once(id: &str, group: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        schedule: Some(pb::Schedule {
+            kind: Some(pb::schedule::Kind::AfterMs(100)),
+        }),
+        group: group.into(),
+        max_attempts: 3,
+        backoff_ms: 100,
+        ..Default::default()
+    }
+}
+
+async fn final_run(c: &kairos_client::Client, job: &str) -> pb::Run {
+    wait_for(
+        &format!("job {job} to finish"),
+        Duration::from_secs(60),
+        || async {
+            let runs = c.list_runs(job, 10).await.ok()?;
+            let r = runs.into_iter().next()?;
+            let terminal = [
+                pb::RunState::Succeeded,
+                pb::RunState::Failed,
+                pb::RunState::TimedOut,
+            ];
+            terminal.iter().any(|s| *s as i32 == r.state).then_some(r)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_until_success_and_fails_after_max_attempts() {
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader().await;
+    let c = cluster.client();
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let worker = Worker::connect(cluster.endpoints(), "flaky")
+        .capacity(4)
+        .id("w-flaky");
+    let handle = tokio::spawn(worker.run(move |t: Task| {
+        let seen = seen.clone();
+        async move {
+            seen.fetch_add(1, Ordering::SeqCst);
+            if t.job == "twice" && t.attempt < 3 || t.job == "always" {
+                Outcome::Failure {
+                    error: format!("boom on attempt {}", t.attempt),
+                    retryable: true,
+                }
+            } else {
+                Outcome::Success(b"ok".to_vec())
+            }
+        }
+    }));
+    create(&c, once("twice", "flaky")).await.unwrap();
+    create(&c, once("always", "flaky")).await.unwrap();
+    let twice = final_run(&c, "twice").await;
+    assert_eq!(
+        (twice.state, twice.attempt),
+        (pb::RunState::Succeeded as i32, 3),
+        "{twice:?}"
+    );
+    assert_eq!(twice.result, b"ok");
+    let always = final_run(&c, "always").await;
+    assert_eq!(
+        (always.state, always.attempt),
+        (pb::RunState::Failed as i32, 3),
+        "{always:?}"
+    );
+    assert!(always.error.contains("boom on attempt 3"), "{always:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    handle.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_past_its_deadline_times_out_and_is_retried() {
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader().await;
+    let c = cluster.client();
+    let slow = Worker::connect(cluster.endpoints(), "lease")
+        .capacity(1)
+        .id("slow");
+    let slow = tokio::spawn(slow.run(|t: Task| async move {
+        if t.attempt == 1 {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        Outcome::Success(format!("attempt {}", t.attempt).into_bytes())
+    }));
+    let spec = pb::JobSpec {
+        timeout_ms: 3000,
+        max_attempts: 2,
+        ..once("lease-job", "lease")
+    };
+    create(&c, spec).await.unwrap();
+    // Attempt 1 is held by the slow worker; once it is assigned, a fast worker joins.
+    wait_for(
+        "attempt 1 to run on the slow worker",
+        Duration::from_secs(60),
+        || async {
+            let r = c.list_runs("lease-job", 1).await.ok()?.into_iter().next()?;
+            (r.worker == "slow").then_some(())
+        },
+    )
+    .await;
+    let fast = Worker::connect(cluster.endpoints(), "lease")
+        .capacity(1)
+        .id("fast");
+    let fast = tokio::spawn(fast.run(|t: Task| async move {
+        Outcome::Success(format!("attempt {}", t.attempt).into_bytes())
+    }));
+    wait_for(
+        "both workers to be registered",
+        Duration::from_secs(60),
+        || async { (cluster.metric(1, "kairos_workers{group=\"lease\"}")? == 2.0).then_some(()) },
+    )
+    .await;
+    let run = final_run(&c, "lease-job").await;
+    assert_eq!(run.state, pb::RunState::Succeeded as i32, "{run:?}");
+    // Which worker takes the retry is the dispatcher's preference (unit-tested there).
+    assert_eq!(run.attempt, 2, "{run:?}");
+    assert_eq!(run.result, b"attempt 2");
+    slow.abort();
+    fast.abort();
+}
