@@ -75,7 +75,6 @@ struct Lease {
     deadline_ms: i64,
     /// Liveness: extended by heartbeats.
     lease_until_ms: i64,
-    timeout_ms: u64,
     conn: Option<u64>,
     expiring: bool,
 }
@@ -277,7 +276,6 @@ impl Dispatcher {
                     attempt: item.attempt,
                     deadline_ms,
                     lease_until_ms: now_ms.saturating_add(LEASE_MS),
-                    timeout_ms: item.timeout_ms,
                     conn: Some(conn),
                     expiring: false,
                 };
@@ -331,7 +329,6 @@ impl Dispatcher {
                         attempt: a.attempt,
                         deadline_ms,
                         lease_until_ms: now_ms.saturating_add(LEASE_MS),
-                        timeout_ms: a.timeout_ms,
                         conn: None,
                         expiring: false,
                     };

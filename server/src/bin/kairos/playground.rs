@@ -75,8 +75,13 @@ pub async fn run(a: PlaygroundArgs) -> anyhow::Result<()> {
         dir.display()
     );
     let client = Client::new(addrs.clone()).with_retry_for(Duration::from_secs(30));
-    let status = client.status().await?;
-    println!("leader: node {}", status.leader);
+    let leader = loop {
+        match client.status().await?.leader {
+            0 => tokio::time::sleep(Duration::from_millis(100)).await,
+            l => break l,
+        }
+    };
+    println!("leader: node {leader}");
     let spec = pb::JobSpec {
         id: "demo".into(),
         schedule: Some(pb::Schedule {

@@ -1,0 +1,163 @@
+//! The scenarios and what they share: the [`Target`] cluster (a local one
+//! started from `--bin`, or `--endpoints`), per-node CPU/RSS/disk readings
+//! of a local cluster, lateness reporting, and `smoke`, which runs all four
+//! scenarios with small settings under about two minutes.
+
+mod failover;
+mod seed;
+mod throughput;
+mod timers;
+
+use std::time::Duration;
+
+use crate::cluster::{LocalCluster, NODES};
+use crate::load::Rec;
+use crate::procfs::{self, ProcSample};
+use crate::stats::{summarize, Report};
+use crate::{Opts, Scenario};
+
+/// The cluster under test.
+pub struct Target {
+    pub endpoints: Vec<String>,
+    pub local: Option<LocalCluster>,
+}
+
+impl Target {
+    pub async fn new(o: &Opts) -> anyhow::Result<Self> {
+        if !o.endpoints.is_empty() {
+            return Ok(Target {
+                endpoints: o.endpoints.clone(),
+                local: None,
+            });
+        }
+        eprintln!(
+            "starting a local {NODES}-node cluster from {}",
+            o.bin.display()
+        );
+        let c = LocalCluster::start(&o.bin, o.node_args.clone(), o.keep_data).await?;
+        Ok(Target {
+            endpoints: c.endpoints(),
+            local: Some(c),
+        })
+    }
+
+    pub fn require_local(&self, what: &str) -> anyhow::Result<&LocalCluster> {
+        self.local.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "{what} needs the local cluster (kills/restarts nodes); omit --endpoints"
+            )
+        })
+    }
+
+    /// One /proc reading per running local node.
+    pub fn samples(&self) -> Vec<(u64, ProcSample)> {
+        let Some(c) = &self.local else {
+            return Vec::new();
+        };
+        (1..=NODES)
+            .filter_map(|id| Some((id, procfs::sample(c.pid(id)?)?)))
+            .collect()
+    }
+
+    /// On-disk bytes of each local node's data directory.
+    pub fn disk(&self) -> Vec<(u64, u64)> {
+        let Some(c) = &self.local else {
+            return Vec::new();
+        };
+        (1..=NODES)
+            .filter_map(|id| Some((id, procfs::dir_bytes(&c.data_dir(id).ok()?))))
+            .collect()
+    }
+}
+
+/// Per-node CPU % (average between the two readings) and RSS at the second.
+pub fn report_nodes(r: &mut Report, before: &[(u64, ProcSample)], after: &[(u64, ProcSample)]) {
+    for (id, b) in after {
+        if let Some((_, a)) = before.iter().find(|(i, _)| i == id) {
+            r.set(&format!("node{id}_cpu_pct"), procfs::cpu_percent(a, b));
+        }
+        r.set(&format!("node{id}_rss_mb"), b.rss_bytes as f64 / 1048576.0);
+        r.set(
+            &format!("node{id}_rss_peak_mb"),
+            b.hwm_bytes as f64 / 1048576.0,
+        );
+    }
+    if after.is_empty() {
+        r.note("no per-node CPU/RSS: not a local cluster");
+    }
+}
+
+/// `lateness_ms_*` of the receipts (first attempts only), split into
+/// `fire_delay_ms_*` (scheduled to fired_at, the Fire command's cluster time)
+/// and `dispatch_ms_*` (fired_at to worker receipt).
+pub fn report_lateness(r: &mut Report, recs: &[&Rec]) {
+    let first: Vec<&&Rec> = recs.iter().filter(|x| x.attempt <= 1).collect();
+    let mut late: Vec<i64> = first.iter().map(|x| x.lateness_ms()).collect();
+    r.summary("lateness_ms", summarize(&mut late));
+    let mut fire: Vec<i64> = (first.iter())
+        .map(|x| x.fired_at_ms - x.scheduled_at_ms)
+        .collect();
+    let mut dispatch: Vec<i64> = (first.iter())
+        .map(|x| x.received_at_ms - x.fired_at_ms)
+        .collect();
+    let (f, d) = (summarize(&mut fire), summarize(&mut dispatch));
+    for (name, s) in [("fire_delay_ms", f), ("dispatch_ms", d)] {
+        r.set(&format!("{name}_p50"), serde_json::json!(s.map(|s| s.p50)));
+        r.set(&format!("{name}_p99"), serde_json::json!(s.map(|s| s.p99)));
+        r.set(&format!("{name}_max"), serde_json::json!(s.map(|s| s.max)));
+    }
+}
+
+pub async fn run_one(o: &Opts) -> anyhow::Result<Report> {
+    match o.scenario {
+        Scenario::Throughput => throughput::run(o).await,
+        Scenario::Seed10k => seed::run(o).await,
+        Scenario::Timers1m => timers::run(o).await,
+        Scenario::Failover => failover::run(o).await,
+        Scenario::Smoke => anyhow::bail!("smoke runs the other scenarios"),
+    }
+}
+
+/// Short settings of each scenario for CI (about 2 minutes on 2 cores).
+fn smoke_opts(o: &Opts, s: Scenario) -> Opts {
+    let mut x = o.clone();
+    x.scenario = s;
+    x.repeat = 1;
+    match s {
+        Scenario::Throughput => {
+            x.duration = Some(Duration::from_secs(5));
+            x.rate = Some(2_000);
+        }
+        Scenario::Seed10k => {
+            x.duration = Some(Duration::from_secs(15));
+            x.count = Some(2_000);
+            x.period_s = 10;
+        }
+        Scenario::Timers1m => x.count = Some(5_000),
+        Scenario::Failover => {
+            x.duration = Some(Duration::from_secs(8));
+            x.count = None;
+            x.kills = 1;
+        }
+        Scenario::Smoke => {}
+    }
+    x
+}
+
+/// Runs all four scenarios with their smoke settings.
+pub async fn smoke(o: &Opts) -> anyhow::Result<Vec<Report>> {
+    let mut out = Vec::new();
+    for s in [
+        Scenario::Throughput,
+        Scenario::Seed10k,
+        Scenario::Timers1m,
+        Scenario::Failover,
+    ] {
+        eprintln!("smoke: {s:?}");
+        let start = std::time::Instant::now();
+        let mut r = run_one(&smoke_opts(o, s)).await?;
+        r.set("wall_s", start.elapsed().as_secs_f64());
+        out.push(r);
+    }
+    Ok(out)
+}

@@ -1,0 +1,133 @@
+//! `timers-1m`: `--count` (default 1,000,000) pending one-shot `at_ms`
+//! timers 30 days ahead, created by `--clients` (64) concurrent clients, each
+//! on its own connection. Reports the create rate, RSS per node before and
+//! after (bytes per pending timer), on-disk bytes per timer (`du` of the data
+//! directories), and the time a SIGKILLed follower takes after restart to
+//! serve again (/readyz 200 and Cluster.Status through it) and to catch up.
+//! `--duration` bounds the creation phase (default 20 min).
+
+use std::time::{Duration, Instant};
+
+use kairos_client::pb::schedule::Kind;
+use kairos_client::Client;
+
+use super::Target;
+use crate::cluster::LocalCluster;
+use crate::load::{self, create_jobs, spec, wall_ms};
+use crate::stats::Report;
+use crate::Opts;
+
+const GROUP: &str = "timers";
+const AHEAD_MS: i64 = 30 * 24 * 3600 * 1000;
+const SETTLE: Duration = Duration::from_secs(2);
+const SERVE_TIMEOUT: Duration = Duration::from_secs(300);
+const COUNT_MAX: u64 = 10_000_000;
+const MB: f64 = 1048576.0;
+
+pub async fn run(o: &Opts) -> anyhow::Result<Report> {
+    let count = o.count.unwrap_or(1_000_000).clamp(1, COUNT_MAX);
+    let limit = o.duration.unwrap_or(Duration::from_secs(1200));
+    let t = Target::new(o).await?;
+    let clients = load::clients(&t.endpoints, o.clients).await?;
+    tokio::time::sleep(SETTLE).await;
+    let (rss0, disk0) = (t.samples(), t.disk());
+    let base = wall_ms() + AHEAD_MS;
+    eprintln!(
+        "timers-1m: creating {count} timers with {} clients",
+        o.clients
+    );
+    let specs = (0..count).map(|i| spec(format!("t-{i}"), GROUP, Kind::AtMs(base + i as i64)));
+    let cs = create_jobs(&clients, specs, o.clients, Instant::now() + limit).await;
+    eprintln!("timers-1m: {} created in {:?}", cs.ok, cs.elapsed);
+    let mut r = Report::new("timers-1m");
+    r.set("timers_requested", count);
+    r.set("timers_created", cs.ok + cs.existed);
+    r.set("create_failures", cs.failed);
+    r.set("create_skipped_time_limit", cs.skipped);
+    r.set("create_s", cs.elapsed.as_secs_f64());
+    r.set("creates_per_s", cs.per_s());
+    r.set("clients", o.clients as u64);
+    if let Some(e) = &cs.first_error {
+        r.note(format!("create error: {e}"));
+    }
+    let caught_up = load::wait_applied_equal(&clients[0], Duration::from_secs(120)).await;
+    r.set("followers_caught_up", caught_up);
+    tokio::time::sleep(SETTLE).await;
+    let n = (cs.ok + cs.existed).max(1) as f64;
+    let (rss1, disk1) = (t.samples(), t.disk());
+    let (mut rss_max, mut disk_max) = (f64::MIN, f64::MIN);
+    for (id, after) in &rss1 {
+        let Some((_, before)) = rss0.iter().find(|(i, _)| i == id) else {
+            continue;
+        };
+        let per = (after.rss_bytes as f64 - before.rss_bytes as f64) / n;
+        r.set(
+            &format!("node{id}_rss_before_mb"),
+            before.rss_bytes as f64 / MB,
+        );
+        r.set(
+            &format!("node{id}_rss_after_mb"),
+            after.rss_bytes as f64 / MB,
+        );
+        r.set(&format!("node{id}_rss_bytes_per_timer"), per);
+        rss_max = rss_max.max(per);
+    }
+    for (id, after) in &disk1 {
+        let before = disk0.iter().find(|(i, _)| i == id).map_or(0, |d| d.1);
+        let per = (*after as f64 - before as f64) / n;
+        r.set(&format!("node{id}_disk_mb"), *after as f64 / MB);
+        r.set(&format!("node{id}_disk_bytes_per_timer"), per);
+        disk_max = disk_max.max(per);
+    }
+    if rss_max > f64::MIN {
+        r.set("rss_bytes_per_timer_max", rss_max);
+        r.set("disk_bytes_per_timer_max", disk_max);
+    }
+    match &t.local {
+        Some(c) => restart_follower(&mut r, c, &clients[0]).await?,
+        None => r.note("no RSS, disk or restart numbers: not a local cluster"),
+    }
+    Ok(r)
+}
+
+/// SIGKILLs a follower, starts it again and times it until it serves and has caught up.
+async fn restart_follower(r: &mut Report, c: &LocalCluster, client: &Client) -> anyhow::Result<()> {
+    let status = client.status().await?;
+    let target = status
+        .nodes
+        .iter()
+        .map(|n| n.applied_index)
+        .max()
+        .unwrap_or(0);
+    let id = (1..=crate::cluster::NODES)
+        .find(|&i| i != status.leader)
+        .unwrap_or(1);
+    eprintln!("timers-1m: SIGKILL and restart follower node {id}");
+    c.kill(id)?;
+    let start = Instant::now();
+    c.restart(id)?;
+    let serving = c.wait_serving(id, SERVE_TIMEOUT).await?;
+    r.set("restarted_node", id);
+    r.set("restart_to_serving_ms", serving.as_millis() as u64);
+    let local = Client::new([c.endpoint(id)?]).with_retry_for(Duration::from_millis(200));
+    while start.elapsed() < SERVE_TIMEOUT {
+        let applied = (local.status().await.ok())
+            .and_then(|s| s.nodes.into_iter().find(|n| n.id == id))
+            .map_or(0, |n| n.applied_index);
+        if applied >= target {
+            r.set(
+                "restart_to_caught_up_ms",
+                start.elapsed().as_millis() as u64,
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Some(s) = c.pid(id).and_then(crate::procfs::sample) {
+        r.set(
+            &format!("node{id}_rss_after_restart_mb"),
+            s.rss_bytes as f64 / MB,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! Teardown and reaping. Everything the harness creates (node processes,
+//! network namespaces, bridge and veth links) is registered here so a single
+//! synchronous `cleanup_registered` can undo it from normal exit, Ctrl-C, a
+//! panic or the watchdog. `reap_stale` (the `clean` command, also run before
+//! every run) removes leftovers of earlier runs whose harness is gone: node
+//! processes carry `KAIROS_JEPSEN_RUN`/`KAIROS_JEPSEN_OWNER` in their
+//! environment, and namespaces and links follow the `kj<runid>…` naming.
+
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+pub const ENV_RUN: &str = "KAIROS_JEPSEN_RUN";
+pub const ENV_OWNER: &str = "KAIROS_JEPSEN_OWNER";
+/// Every name the harness gives a namespace or link starts with this.
+pub const NAME_PREFIX: &str = "kj";
+
+#[derive(Default)]
+struct Registry {
+    pids: Vec<u32>,
+    netns: Vec<String>,
+    links: Vec<String>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    pids: Vec::new(),
+    netns: Vec::new(),
+    links: Vec::new(),
+});
+
+fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    let mut g = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    f(&mut g)
+}
+
+pub fn register_pid(pid: u32) {
+    with(|r| r.pids.push(pid));
+}
+
+pub fn unregister_pid(pid: u32) {
+    with(|r| r.pids.retain(|p| *p != pid));
+}
+
+pub fn register_netns(name: &str) {
+    with(|r| r.netns.push(name.to_string()));
+}
+
+pub fn register_link(name: &str) {
+    with(|r| r.links.push(name.to_string()));
+}
+
+/// Runs a command quietly; true if it succeeded.
+pub fn quiet(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn kill_pid(pid: u32) {
+    let p = pid.to_string();
+    quiet("kill", &["-CONT", &p]);
+    quiet("kill", &["-KILL", &p]);
+}
+
+/// Kills registered processes and deletes registered namespaces and links.
+pub fn cleanup_registered() {
+    let (pids, netns, links) = with(|r| {
+        (
+            std::mem::take(&mut r.pids),
+            std::mem::take(&mut r.netns),
+            std::mem::take(&mut r.links),
+        )
+    });
+    for pid in pids {
+        kill_pid(pid);
+    }
+    for ns in netns {
+        quiet("ip", &["netns", "del", &ns]);
+    }
+    for l in links {
+        quiet("ip", &["link", "del", &l]);
+    }
+}
+
+/// Installs a panic hook that tears everything down and exits.
+pub fn install_panic_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        eprintln!("kairos-jepsen: panic, tearing the cluster down");
+        cleanup_registered();
+        std::process::exit(101);
+    }));
+}
+
+/// True if `pid` is a live process.
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Run ids whose harness is still alive (its own run included).
+fn live_runs() -> Vec<String> {
+    let mut out = Vec::new();
+    for (pid, env) in harness_processes() {
+        if let Some(owner) = env_var(&env, ENV_OWNER).and_then(|o| o.parse::<u32>().ok()) {
+            if alive(owner) && owner != pid {
+                if let Some(run) = env_var(&env, ENV_RUN) {
+                    out.push(run);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (pid, environ) of every process started by some harness run.
+fn harness_processes() -> Vec<(u32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        let env = String::from_utf8_lossy(&env).replace('\0', "\n");
+        if env.lines().any(|l| l.starts_with(ENV_RUN)) {
+            out.push((pid, env));
+        }
+    }
+    out
+}
+
+fn env_var(env: &str, name: &str) -> Option<String> {
+    env.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+        .map(str::to_string)
+}
+
+/// Is `name` one of ours (`kj` + 4 run-id chars + a suffix) and not of a live run?
+pub fn is_stale_name(name: &str, live: &[String]) -> bool {
+    let Some(rest) = name.strip_prefix(NAME_PREFIX) else {
+        return false;
+    };
+    if rest.len() < 6 || !rest.is_char_boundary(4) {
+        return false;
+    }
+    let (run, suffix) = rest.split_at(4);
+    let run_ok = run
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let suffix_ok = matches!(suffix.as_bytes()[0], b'n' | b'h' | b'v' | b'b')
+        && suffix[1..].chars().all(|c| c.is_ascii_alphanumeric());
+    run_ok && suffix_ok && !live.iter().any(|l| l == run)
+}
+
+/// Removes leftovers of dead runs; returns a line per thing removed.
+pub fn reap_stale() -> Vec<String> {
+    let live = live_runs();
+    let mut done = Vec::new();
+    for (pid, env) in harness_processes() {
+        let owner = env_var(&env, ENV_OWNER).and_then(|o| o.parse::<u32>().ok());
+        if owner.is_some_and(|o| alive(o) && o != pid) {
+            continue;
+        }
+        kill_pid(pid);
+        done.push(format!("killed stale node process {pid}"));
+    }
+    let list = |args: &[&str]| -> String {
+        Command::new("ip")
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    for line in list(&["netns", "list"]).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        if is_stale_name(name, &live) && quiet("ip", &["netns", "del", name]) {
+            done.push(format!("deleted namespace {name}"));
+        }
+    }
+    for line in list(&["-o", "link", "show"]).lines() {
+        // "12: kjab12br: <...>" or "13: kjab12h1@if2: <...>"
+        let name = line.split(':').nth(1).unwrap_or("").trim();
+        let name = name.split('@').next().unwrap_or("");
+        if is_stale_name(name, &live) && quiet("ip", &["link", "del", name]) {
+            done.push(format!("deleted link {name}"));
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_our_names_are_stale() {
+        let live = vec!["ab12".to_string()];
+        assert!(is_stale_name("kjzz99n1", &live));
+        assert!(is_stale_name("kjzz99br", &live));
+        assert!(is_stale_name("kjzz99h3", &live));
+        assert!(!is_stale_name("kjab12n1", &live), "live run");
+        assert!(!is_stale_name("docker0", &live));
+        assert!(!is_stale_name("kjZZ99n1", &live));
+        assert!(!is_stale_name("kjzz99x1", &live));
+        assert!(!is_stale_name("kj", &live));
+    }
+
+    #[test]
+    fn env_var_is_parsed_from_environ() {
+        let env = "PATH=/bin\nKAIROS_JEPSEN_RUN=ab12\nKAIROS_JEPSEN_OWNER=42\n";
+        assert_eq!(env_var(env, ENV_RUN).as_deref(), Some("ab12"));
+        assert_eq!(env_var(env, ENV_OWNER).as_deref(), Some("42"));
+        assert_eq!(env_var(env, "NOPE"), None);
+    }
+}

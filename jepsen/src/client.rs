@@ -1,0 +1,247 @@
+//! gRPC plumbing: one lazily-connected channel per node, the job calls the
+//! workloads make, per-node local reads (`x-kairos-local: 1`), cluster status
+//! and leader lookup, and the one place that decides whether a failed call
+//! certainly did nothing (`fail`) or may have taken effect (`unknown`).
+
+use crate::event::Outcome;
+use kairos_proto::v1::{
+    cluster_client::ClusterClient, jobs_client::JobsClient, schedule::Kind, CreateJobRequest, Job,
+    JobRef, JobSpec, MisfirePolicy, Schedule, StatusRequest, StatusResponse, UpdateJobRequest,
+};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+/// Worker group of every job that should run on harness workers.
+pub const WORKER_GROUP: &str = "jepsen";
+/// Register jobs are scheduled here (2100-01-01) so they never fire.
+pub const FAR_FUTURE_MS: i64 = 4_102_444_800_000;
+/// Misfire grace for harness jobs: late occurrences still fire, so every
+/// occurrence leaves a run record.
+pub const MISFIRE_GRACE_MS: u64 = 3_600_000;
+/// Run deadline: a lost finish is retried after this.
+pub const RUN_TIMEOUT_MS: u64 = 5_000;
+
+#[derive(Clone)]
+pub struct Node {
+    pub id: u64,
+    pub addr: String,
+    pub channel: Channel,
+}
+
+/// A lazily connecting channel with short connect and keep-alive timeouts,
+/// so a paused or cut-off node is noticed quickly.
+pub fn channel(addr: &str) -> anyhow::Result<Channel> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_millis(1_000))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(2))
+        .keep_alive_timeout(Duration::from_secs(3))
+        .keep_alive_while_idle(true)
+        .connect_lazy())
+}
+
+pub fn request<T>(msg: T, timeout: Duration) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.set_timeout(timeout);
+    r
+}
+
+/// A request answered from the receiving node's own state, not forwarded.
+pub fn local<T>(msg: T, timeout: Duration) -> Request<T> {
+    let mut r = request(msg, timeout);
+    r.metadata_mut().insert(
+        "x-kairos-local",
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    r
+}
+
+/// `fail` only when the request certainly had no effect: a definite
+/// rejection, or a connection that was never made. Everything else that can
+/// happen after the request left (timeouts, UNAVAILABLE from a forwarding
+/// node, resets) is `unknown`.
+pub fn classify(s: &Status) -> Outcome {
+    match s.code() {
+        Code::Ok => Outcome::Ok,
+        Code::AlreadyExists
+        | Code::FailedPrecondition
+        | Code::NotFound
+        | Code::InvalidArgument
+        | Code::OutOfRange
+        | Code::PermissionDenied
+        | Code::Unauthenticated
+        | Code::Unimplemented => Outcome::Fail,
+        Code::Unavailable if never_sent(s) => Outcome::Fail,
+        _ => Outcome::Unknown,
+    }
+}
+
+fn never_sent(s: &Status) -> bool {
+    let text = format!("{} {:?}", s.message(), std::error::Error::source(s)).to_lowercase();
+    text.contains("connection refused")
+        || text.contains("error trying to connect")
+        || text.contains("tcp connect error")
+}
+
+/// The canonical upper-case gRPC code name.
+pub fn code_name(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// A harness job spec: fires go to the harness workers, late occurrences
+/// still fire, and failed finishes are retried.
+pub fn spec(id: &str, kind: Kind, payload: Vec<u8>, group: &str) -> JobSpec {
+    JobSpec {
+        id: id.to_string(),
+        schedule: Some(Schedule { kind: Some(kind) }),
+        group: group.to_string(),
+        payload,
+        misfire: MisfirePolicy::FireAll as i32,
+        misfire_grace_ms: MISFIRE_GRACE_MS,
+        timeout_ms: RUN_TIMEOUT_MS,
+        max_attempts: 5,
+        backoff_ms: 500,
+        ..Default::default()
+    }
+}
+
+/// The register value stored in a job's payload.
+pub fn payload_value(job: &Job) -> Option<u64> {
+    let spec = job.spec.as_ref()?;
+    std::str::from_utf8(&spec.payload).ok()?.trim().parse().ok()
+}
+
+pub async fn create(ch: &Channel, spec: JobSpec, t: Duration) -> Result<Job, Status> {
+    let req = request(CreateJobRequest { spec: Some(spec) }, t);
+    Ok(JobsClient::new(ch.clone())
+        .create_job(req)
+        .await?
+        .into_inner())
+}
+
+pub async fn update(
+    ch: &Channel,
+    spec: JobSpec,
+    expected_revision: u64,
+    t: Duration,
+) -> Result<Job, Status> {
+    let req = UpdateJobRequest {
+        spec: Some(spec),
+        expected_revision,
+    };
+    Ok(JobsClient::new(ch.clone())
+        .update_job(request(req, t))
+        .await?
+        .into_inner())
+}
+
+pub async fn get(ch: &Channel, id: &str, t: Duration) -> Result<Job, Status> {
+    let req = JobRef { id: id.to_string() };
+    Ok(JobsClient::new(ch.clone())
+        .get_job(request(req, t))
+        .await?
+        .into_inner())
+}
+
+pub async fn delete(ch: &Channel, id: &str, t: Duration) -> Result<bool, Status> {
+    let req = JobRef { id: id.to_string() };
+    Ok(JobsClient::new(ch.clone())
+        .delete_job(request(req, t))
+        .await?
+        .into_inner()
+        .deleted)
+}
+
+pub async fn pause(ch: &Channel, id: &str, t: Duration) -> Result<Job, Status> {
+    let req = JobRef { id: id.to_string() };
+    Ok(JobsClient::new(ch.clone())
+        .pause_job(request(req, t))
+        .await?
+        .into_inner())
+}
+
+/// This node's own view of the cluster.
+pub async fn status(ch: &Channel, t: Duration) -> Result<StatusResponse, Status> {
+    let mut client = ClusterClient::new(ch.clone());
+    let call = client.status(local(StatusRequest {}, t));
+    match tokio::time::timeout(t + Duration::from_millis(500), call).await {
+        Ok(r) => Ok(r?.into_inner()),
+        Err(_) => Err(Status::deadline_exceeded("status timed out")),
+    }
+}
+
+/// The leader id most nodes agree on, if any node knows one.
+pub async fn find_leader(nodes: &[Node]) -> Option<u64> {
+    let t = Duration::from_millis(800);
+    let calls = nodes.iter().map(|n| {
+        let ch = n.channel.clone();
+        async move { status(&ch, t).await }
+    });
+    let mut votes: std::collections::BTreeMap<u64, usize> = Default::default();
+    for r in join_all(calls).await.into_iter().flatten() {
+        if r.leader != 0 {
+            *votes.entry(r.leader).or_insert(0) += 1;
+        }
+    }
+    votes.into_iter().max_by_key(|(_, v)| *v).map(|(id, _)| id)
+}
+
+/// Awaits futures concurrently (no `futures` dependency).
+pub async fn join_all<F: std::future::Future + Send + 'static>(
+    fs: impl IntoIterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = fs.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        if let Ok(v) = h.await {
+            out.push(v);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn definite_rejections_fail_and_timeouts_are_unknown() {
+        assert_eq!(classify(&Status::already_exists("x")), Outcome::Fail);
+        assert_eq!(classify(&Status::failed_precondition("rev")), Outcome::Fail);
+        assert_eq!(classify(&Status::deadline_exceeded("t")), Outcome::Unknown);
+        assert_eq!(
+            classify(&Status::unavailable("no leader")),
+            Outcome::Unknown
+        );
+        assert_eq!(
+            classify(&Status::unavailable(
+                "tcp connect error: Connection refused"
+            )),
+            Outcome::Fail
+        );
+        assert_eq!(classify(&Status::internal("boom")), Outcome::Unknown);
+        assert_eq!(code_name(Code::FailedPrecondition), "FAILED_PRECONDITION");
+    }
+}

@@ -1,0 +1,421 @@
+//! Seeded, pure generators: the fault schedule (a fault every 5–10 s, held
+//! 5–15 s, then healed; blackholes long enough to force a snapshot), the
+//! partition shapes as (receiver, sender) drop pairs, and the choices the
+//! workloads make (register operation mix, timer delays and cancellations,
+//! interval periods). Same seed, same plan: runs can be replayed.
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+/// Fault families the CLI accepts.
+pub const FAMILIES: [&str; 7] = [
+    "partition",
+    "kill",
+    "pause",
+    "clock",
+    "loss",
+    "bandwidth",
+    "snapshot",
+];
+/// Families that need network namespaces.
+pub const NETWORK_FAMILIES: [&str; 4] = ["partition", "loss", "bandwidth", "snapshot"];
+
+/// Whom a fault hits; `Leader`/`Follower` are resolved when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Leader,
+    Follower,
+    Node(usize),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Partition {
+    /// Cut one node off from every other.
+    Isolate(Target),
+    /// Cut these nodes (a minority) off from the rest.
+    Split(Vec<usize>),
+    /// Five nodes in a ring, each seeing only its neighbours: every node sees
+    /// a majority (itself and two), no two see the same one.
+    MajoritiesRing(Vec<usize>),
+    /// Two halves joined only through one bridge node (the middle of the order).
+    Bridge(Vec<usize>),
+    /// The target hears nobody (inbound) or nobody hears it (outbound).
+    OneWay { target: Target, inbound: bool },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    Partition(Partition),
+    Kill(Target),
+    Pause(Target),
+    ClockBump {
+        target: Target,
+        offset_s: i64,
+    },
+    ClockStrobe {
+        target: Target,
+        offset_s: i64,
+        period_ms: u64,
+    },
+    Loss {
+        target: Option<Target>,
+        probability: f64,
+    },
+    Bandwidth {
+        target: Target,
+        rate_kbit: u32,
+    },
+    /// Blackhole a follower long enough that it needs a snapshot to catch up.
+    Snapshot(Target),
+}
+
+impl Fault {
+    pub fn family(&self) -> &'static str {
+        match self {
+            Fault::Partition(_) => "partition",
+            Fault::Kill(_) => "kill",
+            Fault::Pause(_) => "pause",
+            Fault::ClockBump { .. } | Fault::ClockStrobe { .. } => "clock",
+            Fault::Loss { .. } => "loss",
+            Fault::Bandwidth { .. } => "bandwidth",
+            Fault::Snapshot(_) => "snapshot",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedFault {
+    /// Offset from the start of the workload phase.
+    pub at_ms: u64,
+    pub hold_ms: u64,
+    pub fault: Fault,
+}
+
+/// The fault schedule for a run of `limit_ms`; faults never overlap.
+pub fn fault_plan(
+    rng: &mut StdRng,
+    families: &[String],
+    nodes: usize,
+    limit_ms: u64,
+) -> Vec<PlannedFault> {
+    let mut plan = Vec::new();
+    if families.is_empty() {
+        return plan;
+    }
+    let mut t = 0u64;
+    loop {
+        t += rng.gen_range(5_000..=10_000);
+        if t + 1_000 >= limit_ms {
+            break;
+        }
+        let family = families.choose(rng).expect("non-empty").as_str();
+        let fault = fault_of(rng, family, nodes);
+        let want = match fault {
+            Fault::Snapshot(_) => rng.gen_range(25_000..=40_000),
+            _ => rng.gen_range(5_000..=15_000),
+        };
+        let hold_ms = want.min(limit_ms - t);
+        plan.push(PlannedFault {
+            at_ms: t,
+            hold_ms,
+            fault,
+        });
+        t += hold_ms;
+    }
+    plan
+}
+
+fn target(rng: &mut StdRng, nodes: usize) -> Target {
+    if rng.gen_bool(0.5) {
+        Target::Leader
+    } else {
+        Target::Node(rng.gen_range(0..nodes))
+    }
+}
+
+fn fault_of(rng: &mut StdRng, family: &str, nodes: usize) -> Fault {
+    match family {
+        "partition" => Fault::Partition(partition_of(rng, nodes)),
+        "kill" => Fault::Kill(target(rng, nodes)),
+        "pause" => Fault::Pause(target(rng, nodes)),
+        "clock" => {
+            let offset_s = *[-30i64, -10, -5, -2, 2, 5, 10, 30]
+                .choose(rng)
+                .expect("non-empty");
+            let t = target(rng, nodes);
+            if rng.gen_bool(0.5) {
+                Fault::ClockBump {
+                    target: t,
+                    offset_s,
+                }
+            } else {
+                Fault::ClockStrobe {
+                    target: t,
+                    offset_s,
+                    period_ms: rng.gen_range(100..=500),
+                }
+            }
+        }
+        "loss" => Fault::Loss {
+            target: rng.gen_bool(0.5).then(|| target(rng, nodes)),
+            probability: [0.1, 0.2, 0.3, 0.5][rng.gen_range(0..4)],
+        },
+        "bandwidth" => Fault::Bandwidth {
+            target: target(rng, nodes),
+            rate_kbit: [128, 256, 512, 1024][rng.gen_range(0..4)],
+        },
+        "snapshot" => Fault::Snapshot(Target::Follower),
+        other => unreachable!("unknown fault family {other}"),
+    }
+}
+
+fn partition_of(rng: &mut StdRng, nodes: usize) -> Partition {
+    let mut order: Vec<usize> = (0..nodes).collect();
+    order.shuffle(rng);
+    let kinds = if nodes >= 5 { 5 } else { 3 };
+    match rng.gen_range(0..kinds) {
+        0 => Partition::Isolate(Target::Leader),
+        1 => Partition::Split(order[..(nodes - 1) / 2].to_vec()),
+        2 => Partition::OneWay {
+            target: target(rng, nodes),
+            inbound: rng.gen_bool(0.5),
+        },
+        3 => Partition::MajoritiesRing(order),
+        _ => Partition::Bridge(order),
+    }
+}
+
+/// (receiver, sender) pairs to drop for a partition with targets resolved.
+/// `isolated` is the resolved target of `Isolate`/`OneWay`.
+pub fn partition_drops(p: &Partition, nodes: usize, isolated: usize) -> Vec<(usize, usize)> {
+    let all = 0..nodes;
+    let mut drops = Vec::new();
+    let cut = |a: &[usize], b: &[usize], drops: &mut Vec<(usize, usize)>| {
+        for &x in a {
+            for &y in b {
+                drops.push((x, y));
+                drops.push((y, x));
+            }
+        }
+    };
+    match p {
+        Partition::Isolate(_) => {
+            let rest: Vec<usize> = all.filter(|i| *i != isolated).collect();
+            cut(&[isolated], &rest, &mut drops);
+        }
+        Partition::Split(minority) => {
+            let rest: Vec<usize> = all.filter(|i| !minority.contains(i)).collect();
+            cut(minority, &rest, &mut drops);
+        }
+        Partition::MajoritiesRing(order) => {
+            let n = order.len();
+            for (pos, &x) in order.iter().enumerate() {
+                for (qos, &y) in order.iter().enumerate() {
+                    let d = (pos + n - qos) % n;
+                    if d != 0 && d != 1 && d != n - 1 {
+                        drops.push((x, y));
+                    }
+                }
+            }
+        }
+        Partition::Bridge(order) => {
+            let mid = order.len() / 2;
+            cut(&order[..mid], &order[mid + 1..], &mut drops);
+        }
+        Partition::OneWay { inbound, .. } => {
+            for other in all.filter(|i| *i != isolated) {
+                drops.push(if *inbound {
+                    (isolated, other)
+                } else {
+                    (other, isolated)
+                });
+            }
+        }
+    }
+    drops.sort();
+    drops.dedup();
+    drops
+}
+
+/// What a register client does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegisterChoice {
+    pub f: crate::event::OpF,
+    /// For updates: 0 means unconditional.
+    pub expected_revision: u64,
+}
+
+/// Mix: 35% get, 35% CAS update, 15% create, 15% delete. Updates usually
+/// expect the last revision this client saw, sometimes a neighbour of it
+/// (to exercise mismatches), rarely none at all.
+pub fn register_choice(rng: &mut StdRng, known_revision: Option<u64>) -> RegisterChoice {
+    use crate::event::OpF;
+    let roll = rng.gen_range(0..100);
+    let f = match roll {
+        0..=34 => OpF::Get,
+        35..=69 => OpF::Update,
+        70..=84 => OpF::Create,
+        _ => OpF::Delete,
+    };
+    let base = known_revision.unwrap_or(1);
+    let expected_revision = match rng.gen_range(0..100) {
+        0..=4 => 0,
+        5..=19 => base + 1,
+        _ => base,
+    };
+    RegisterChoice {
+        f,
+        expected_revision,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerPlan {
+    pub delay_ms: u64,
+    /// Use `at_ms` (harness clock + delay) instead of `after_ms`.
+    pub absolute: bool,
+    /// Delete it this long after the create was acknowledged.
+    pub cancel_after_ms: Option<u64>,
+}
+
+pub fn timer_plan(rng: &mut StdRng) -> TimerPlan {
+    let delay_ms = rng.gen_range(1_000..=30_000);
+    TimerPlan {
+        delay_ms,
+        absolute: rng.gen_bool(0.5),
+        cancel_after_ms: rng
+            .gen_bool(0.3)
+            .then(|| rng.gen_range(delay_ms / 10..=delay_ms * 9 / 10)),
+    }
+}
+
+/// Period of the `k`-th interval job: the first is always fast.
+pub fn interval_every_ms(rng: &mut StdRng, k: usize) -> u64 {
+    if k == 0 {
+        return 200;
+    }
+    *[300u64, 500, 700, 1_000, 1_500, 2_000]
+        .choose(rng)
+        .expect("non-empty")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn fams(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn plan_is_deterministic_bounded_and_sequential() {
+        let f = fams(&FAMILIES);
+        let a = fault_plan(&mut StdRng::seed_from_u64(7), &f, 5, 300_000);
+        let b = fault_plan(&mut StdRng::seed_from_u64(7), &f, 5, 300_000);
+        assert_eq!(a, b);
+        assert!(a.len() >= 10, "{}", a.len());
+        let mut end = 0;
+        for p in &a {
+            assert!(p.at_ms >= end + 5_000 && p.at_ms <= end + 10_000, "{p:?}");
+            assert!(p.at_ms + p.hold_ms <= 300_000);
+            if !matches!(p.fault, Fault::Snapshot(_)) {
+                assert!(p.hold_ms <= 15_000);
+            }
+            end = p.at_ms + p.hold_ms;
+        }
+        let c = fault_plan(&mut StdRng::seed_from_u64(8), &f, 5, 300_000);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn plan_uses_only_requested_families() {
+        let plan = fault_plan(
+            &mut StdRng::seed_from_u64(1),
+            &fams(&["kill", "pause"]),
+            3,
+            120_000,
+        );
+        assert!(!plan.is_empty());
+        assert!(plan
+            .iter()
+            .all(|p| matches!(p.fault, Fault::Kill(_) | Fault::Pause(_))));
+        assert!(fault_plan(&mut StdRng::seed_from_u64(1), &[], 3, 120_000).is_empty());
+    }
+
+    /// Who can each node hear, given drop pairs?
+    fn hears(drops: &[(usize, usize)], n: usize) -> Vec<Vec<usize>> {
+        (0..n)
+            .map(|x| {
+                (0..n)
+                    .filter(|y| *y != x && !drops.contains(&(x, *y)))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn majorities_ring_gives_everyone_a_distinct_majority() {
+        let d = partition_drops(&Partition::MajoritiesRing(vec![0, 1, 2, 3, 4]), 5, 0);
+        let h = hears(&d, 5);
+        for (x, peers) in h.iter().enumerate() {
+            assert_eq!(peers.len(), 2, "node {x} hears {peers:?}");
+        }
+        assert_eq!(h[0], vec![1, 4]);
+        assert_eq!(h[2], vec![1, 3]);
+    }
+
+    #[test]
+    fn bridge_node_hears_both_halves() {
+        let d = partition_drops(&Partition::Bridge(vec![4, 3, 2, 1, 0]), 5, 0);
+        let h = hears(&d, 5);
+        assert_eq!(h[2], vec![0, 1, 3, 4]);
+        assert_eq!(h[4], vec![2, 3]);
+        assert_eq!(h[0], vec![1, 2]);
+    }
+
+    #[test]
+    fn isolate_split_and_one_way() {
+        let d = partition_drops(&Partition::Isolate(Target::Leader), 3, 1);
+        assert_eq!(hears(&d, 3), vec![vec![2], vec![], vec![0]]);
+        let d = partition_drops(&Partition::Split(vec![0, 3]), 5, 0);
+        assert_eq!(hears(&d, 5)[0], vec![3]);
+        assert_eq!(hears(&d, 5)[1], vec![2, 4]);
+        let d = partition_drops(
+            &Partition::OneWay {
+                target: Target::Node(0),
+                inbound: true,
+            },
+            3,
+            0,
+        );
+        assert_eq!(hears(&d, 3), vec![vec![], vec![0, 2], vec![0, 1]]);
+    }
+
+    #[test]
+    fn timer_cancels_land_before_the_fire_time() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let plans: Vec<_> = (0..500).map(|_| timer_plan(&mut rng)).collect();
+        assert!(plans.iter().all(|p| (1_000..=30_000).contains(&p.delay_ms)));
+        let cancelled = plans.iter().filter(|p| p.cancel_after_ms.is_some()).count();
+        assert!((100..200).contains(&cancelled), "{cancelled}");
+        assert!(plans
+            .iter()
+            .all(|p| p.cancel_after_ms.is_none_or(|c| c < p.delay_ms)));
+    }
+
+    #[test]
+    fn register_mix_covers_every_op() {
+        use crate::event::OpF;
+        let mut rng = StdRng::seed_from_u64(4);
+        let picks: Vec<_> = (0..1_000)
+            .map(|_| register_choice(&mut rng, Some(3)))
+            .collect();
+        for f in [OpF::Get, OpF::Update, OpF::Create, OpF::Delete] {
+            assert!(picks.iter().filter(|c| c.f == f).count() > 100, "{f:?}");
+        }
+        assert!(picks.iter().any(|c| c.expected_revision == 4));
+        assert_eq!(interval_every_ms(&mut rng, 0), 200);
+    }
+}

@@ -1,0 +1,383 @@
+//! The nemesis: turns planned faults into actions on the live cluster and
+//! undoes them. Targets named by role (leader, follower) are resolved when the
+//! fault starts. Each fault is recorded as a `start` event taken before it is
+//! applied and a `stop` event taken after it is healed, so recorded fault
+//! periods always cover the real ones. Network faults are skipped (and said
+//! so in the history) when there are no namespaces.
+
+use crate::client::{find_leader, Node};
+use crate::cluster::Cluster;
+use crate::event::{Event, NemesisEvent, Phase};
+use crate::generator::{partition_drops, Fault, Partition, PlannedFault, Target};
+use crate::net::Net;
+use crate::recorder::Recorder;
+use anyhow::{Context, Result};
+use rand::rngs::StdRng;
+use rand::Rng;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub struct Nemesis {
+    pub cluster: Arc<Cluster>,
+    pub net: Option<Arc<Net>>,
+    pub nodes: Arc<Vec<Node>>,
+    pub rec: Recorder,
+    pub rng: StdRng,
+    next_id: u64,
+}
+
+/// What healing a fault has to do.
+enum Undo {
+    Network,
+    Restart(usize),
+    Resume(usize),
+    Clock {
+        idx: usize,
+        strobe: Option<JoinHandle<()>>,
+    },
+}
+
+impl Nemesis {
+    pub fn new(
+        cluster: Arc<Cluster>,
+        net: Option<Arc<Net>>,
+        nodes: Arc<Vec<Node>>,
+        rec: Recorder,
+        rng: StdRng,
+    ) -> Nemesis {
+        Nemesis {
+            cluster,
+            net,
+            nodes,
+            rec,
+            rng,
+            next_id: 1,
+        }
+    }
+
+    /// Applies the plan from `t0` until it ends or `stop` is set, healing the
+    /// fault in progress before returning.
+    pub async fn run_plan(
+        &mut self,
+        plan: Vec<PlannedFault>,
+        t0: Instant,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        for p in plan {
+            let at = t0 + Duration::from_millis(p.at_ms);
+            if stopped_during(&mut stop, at).await {
+                return;
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            let start_ms = self.rec.now_ms();
+            let applied = self.start(&p.fault).await;
+            let (nodes, detail, undo) = match applied {
+                Ok(x) => x,
+                Err(e) => {
+                    self.event(
+                        id,
+                        start_ms,
+                        Phase::Info,
+                        &p.fault,
+                        vec![],
+                        format!("not applied: {e:#}"),
+                    )
+                    .await;
+                    self.heal_everything().await;
+                    continue;
+                }
+            };
+            self.event(id, start_ms, Phase::Start, &p.fault, nodes.clone(), detail)
+                .await;
+            stopped_during(&mut stop, Instant::now() + Duration::from_millis(p.hold_ms)).await;
+            let healed = self.heal(undo).await;
+            let note = healed
+                .err()
+                .map(|e| format!("heal error: {e:#}"))
+                .unwrap_or_default();
+            let now = self.rec.now_ms();
+            self.event(id, now, Phase::Stop, &p.fault, nodes, note)
+                .await;
+        }
+    }
+
+    async fn event(
+        &self,
+        id: u64,
+        time_ms: i64,
+        phase: Phase,
+        f: &Fault,
+        nodes: Vec<u64>,
+        detail: String,
+    ) {
+        let ev = NemesisEvent {
+            id,
+            time_ms,
+            phase,
+            fault: f.family().into(),
+            kind: kind_name(f),
+            nodes,
+            detail,
+        };
+        self.rec.record(Event::Nemesis(ev)).await;
+    }
+
+    /// Node index for a target, and how it was chosen.
+    async fn resolve(&mut self, t: Target) -> (usize, String) {
+        let n = self.nodes.len();
+        let leader = match t {
+            Target::Node(i) => return (i % n, "random node".into()),
+            _ => find_leader(&self.nodes)
+                .await
+                .and_then(|id| self.nodes.iter().position(|x| x.id == id)),
+        };
+        match (t, leader) {
+            (Target::Leader, Some(l)) => (l, "leader".into()),
+            (Target::Follower, Some(l)) => (
+                (l + self.rng.gen_range(1..n)) % n,
+                format!("follower of {}", self.nodes[l].id),
+            ),
+            _ => (
+                self.rng.gen_range(0..n),
+                "leader unknown: random node".into(),
+            ),
+        }
+    }
+
+    fn net(&self) -> Result<&Net> {
+        self.net
+            .as_deref()
+            .context("needs network namespaces (run as root)")
+    }
+
+    /// Starts a fault: the nodes it hits, a description, and its undo.
+    async fn start(&mut self, f: &Fault) -> Result<(Vec<u64>, String, Undo)> {
+        let nodes = self.nodes.clone();
+        let id = move |i: usize| nodes[i].id;
+        match f {
+            Fault::Partition(p) => self.partition(p).await,
+            Fault::Snapshot(t) => {
+                self.net()?;
+                let (i, why) = self.resolve(*t).await;
+                self.apply_drops(&partition_drops(
+                    &Partition::Isolate(*t),
+                    self.nodes.len(),
+                    i,
+                ))?;
+                Ok((vec![id(i)], format!("blackhole {why}"), Undo::Network))
+            }
+            Fault::Kill(t) => {
+                let (i, why) = self.resolve(*t).await;
+                self.cluster.kill(i);
+                Ok((vec![id(i)], format!("SIGKILL {why}"), Undo::Restart(i)))
+            }
+            Fault::Pause(t) => {
+                let (i, why) = self.resolve(*t).await;
+                self.cluster.signal(i, "STOP");
+                Ok((vec![id(i)], format!("SIGSTOP {why}"), Undo::Resume(i)))
+            }
+            Fault::ClockBump { target, offset_s } => {
+                anyhow::ensure!(
+                    self.cluster.faketime,
+                    "nodes were started without libfaketime"
+                );
+                let (i, why) = self.resolve(*target).await;
+                self.cluster.set_clock_offset(i, *offset_s)?;
+                Ok((
+                    vec![id(i)],
+                    format!("clock {offset_s:+}s {why}"),
+                    Undo::Clock {
+                        idx: i,
+                        strobe: None,
+                    },
+                ))
+            }
+            Fault::ClockStrobe {
+                target,
+                offset_s,
+                period_ms,
+            } => {
+                anyhow::ensure!(
+                    self.cluster.faketime,
+                    "nodes were started without libfaketime"
+                );
+                let (i, why) = self.resolve(*target).await;
+                let strobe = tokio::spawn(strobe(self.cluster.clone(), i, *offset_s, *period_ms));
+                let detail = format!("clock strobe 0/{offset_s:+}s every {period_ms} ms {why}");
+                Ok((
+                    vec![id(i)],
+                    detail,
+                    Undo::Clock {
+                        idx: i,
+                        strobe: Some(strobe),
+                    },
+                ))
+            }
+            Fault::Loss {
+                target,
+                probability,
+            } => {
+                let net = self.net()?;
+                let n = self.nodes.len();
+                let all: Vec<usize> = (0..n).collect();
+                match target {
+                    Some(t) => {
+                        let (i, why) = self.resolve(*t).await;
+                        let net = self.net()?;
+                        net.drop_from(i, &all, Some(*probability))?;
+                        for j in (0..n).filter(|j| *j != i) {
+                            net.drop_from(j, &[i], Some(*probability))?;
+                        }
+                        Ok((
+                            vec![id(i)],
+                            format!("drop {probability} both ways {why}"),
+                            Undo::Network,
+                        ))
+                    }
+                    None => {
+                        for i in 0..n {
+                            net.drop_from(i, &all, Some(probability / 2.0))?;
+                        }
+                        Ok((
+                            self.nodes.iter().map(|x| x.id).collect(),
+                            format!("drop {} on every link", probability / 2.0),
+                            Undo::Network,
+                        ))
+                    }
+                }
+            }
+            Fault::Bandwidth { target, rate_kbit } => {
+                self.net()?;
+                let (i, why) = self.resolve(*target).await;
+                self.net()?.limit_bandwidth(i, *rate_kbit)?;
+                Ok((
+                    vec![id(i)],
+                    format!("tbf {rate_kbit} kbit/s out of {why}"),
+                    Undo::Network,
+                ))
+            }
+        }
+    }
+
+    async fn partition(&mut self, p: &Partition) -> Result<(Vec<u64>, String, Undo)> {
+        self.net()?;
+        let (isolated, why) = match p {
+            Partition::Isolate(t) | Partition::OneWay { target: t, .. } => self.resolve(*t).await,
+            _ => (0, String::new()),
+        };
+        let drops = partition_drops(p, self.nodes.len(), isolated);
+        self.apply_drops(&drops)?;
+        let pairs: Vec<String> = drops
+            .iter()
+            .map(|(d, s)| format!("{}<-{}", self.nodes[*d].id, self.nodes[*s].id))
+            .collect();
+        let hit: Vec<u64> = match p {
+            Partition::Isolate(_) | Partition::OneWay { .. } => vec![self.nodes[isolated].id],
+            Partition::Split(m) => m.iter().map(|i| self.nodes[*i].id).collect(),
+            Partition::MajoritiesRing(o) | Partition::Bridge(o) => {
+                o.iter().map(|i| self.nodes[*i].id).collect()
+            }
+        };
+        Ok((
+            hit,
+            format!("{why} drops {}", pairs.join(" "))
+                .trim()
+                .to_string(),
+            Undo::Network,
+        ))
+    }
+
+    fn apply_drops(&self, drops: &[(usize, usize)]) -> Result<()> {
+        let net = self.net()?;
+        for (dst, src) in drops {
+            net.drop_from(*dst, &[*src], None)?;
+        }
+        Ok(())
+    }
+
+    async fn heal(&self, undo: Undo) -> Result<()> {
+        match undo {
+            Undo::Network => self.net()?.heal_all(),
+            Undo::Restart(i) => self.cluster.start(i),
+            Undo::Resume(i) => {
+                self.cluster.signal(i, "CONT");
+                Ok(())
+            }
+            Undo::Clock { idx, strobe } => {
+                if let Some(s) = strobe {
+                    s.abort();
+                    let _ = s.await;
+                }
+                self.cluster.set_clock_offset(idx, 0)
+            }
+        }
+    }
+
+    /// Undoes every kind of fault on every node; safe to repeat.
+    pub async fn heal_everything(&self) {
+        if let Some(net) = &self.net {
+            let _ = net.heal_all();
+        }
+        for i in 0..self.nodes.len() {
+            self.cluster.signal(i, "CONT");
+            if self.cluster.faketime {
+                let _ = self.cluster.set_clock_offset(i, 0);
+            }
+            if !self.cluster.running(i) {
+                let _ = self.cluster.start(i);
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`; true if stop was signalled first.
+async fn stopped_during(stop: &mut watch::Receiver<bool>, at: Instant) -> bool {
+    loop {
+        if *stop.borrow() {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(at) => return *stop.borrow(),
+            r = stop.changed() => if r.is_err() { return false },
+        }
+    }
+}
+
+async fn strobe(cluster: Arc<Cluster>, idx: usize, offset_s: i64, period_ms: u64) {
+    let mut on = true;
+    loop {
+        let _ = cluster.set_clock_offset(idx, if on { offset_s } else { 0 });
+        on = !on;
+        tokio::time::sleep(Duration::from_millis(period_ms)).await;
+    }
+}
+
+/// The concrete fault's name, as recorded in `kind`.
+pub fn kind_name(f: &Fault) -> String {
+    match f {
+        Fault::Partition(p) => match p {
+            Partition::Isolate(Target::Leader) => "isolate-leader",
+            Partition::Isolate(_) => "isolate-node",
+            Partition::Split(_) => "majority-minority",
+            Partition::MajoritiesRing(_) => "majorities-ring",
+            Partition::Bridge(_) => "bridge",
+            Partition::OneWay { inbound: true, .. } => "one-way-inbound",
+            Partition::OneWay { .. } => "one-way-outbound",
+        },
+        Fault::Kill(Target::Leader) => "kill-leader",
+        Fault::Kill(_) => "kill-node",
+        Fault::Pause(Target::Leader) => "pause-leader",
+        Fault::Pause(_) => "pause-node",
+        Fault::ClockBump { .. } => "clock-bump",
+        Fault::ClockStrobe { .. } => "clock-strobe",
+        Fault::Loss { target: None, .. } => "loss-all-links",
+        Fault::Loss { .. } => "loss-node",
+        Fault::Bandwidth { .. } => "bandwidth",
+        Fault::Snapshot(_) => "blackhole-follower",
+    }
+    .to_string()
+}

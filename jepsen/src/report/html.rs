@@ -1,0 +1,207 @@
+//! `timeline.html`: the verdict table and, on one time axis, a row of fault
+//! periods, one row per (workload, node) of client operations drawn from
+//! invocation to completion coloured by outcome (unknown ones run to the end),
+//! and a row of worker receipts. Hovering shows each item's details.
+
+use super::{esc, fault_color};
+use crate::check::Summary;
+use crate::event::Outcome;
+use crate::history::History;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+/// Operations drawn, at most (the rest are counted, not drawn).
+const MAX_OPS_DRAWN: usize = 6_000;
+const MAX_RECEIPTS_DRAWN: usize = 6_000;
+const W: f64 = 1400.0;
+const LEFT: f64 = 150.0;
+const ROW: f64 = 18.0;
+
+pub fn timeline_html(h: &History, s: &Summary) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>kairos-jepsen {}</title>\
+         <style>body{{font-family:sans-serif;margin:20px}}table{{border-collapse:collapse}}\
+         td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}}\
+         .ok{{color:#1b7837}}.fail{{color:#b2182b;font-weight:bold}}pre{{margin:0;font-size:11px;white-space:pre-wrap}}</style>\
+         </head><body><h2>kairos-jepsen run {} — <span class=\"{}\">{}</span></h2>",
+        esc(&h.meta.run_id),
+        esc(&h.meta.run_id),
+        if s.valid { "ok" } else { "fail" },
+        if s.valid { "valid" } else { "INVALID" },
+    );
+    let _ = write!(
+        out,
+        "<p>seed {} · mode {} · nodes {} · nemeses {} · workloads {} · {} ops · {} receipts · {} faults</p>",
+        h.meta.seed,
+        esc(&h.meta.mode),
+        h.meta.nodes.len(),
+        esc(&h.meta.nemeses.join(",")),
+        esc(&h.meta.workloads.join(",")),
+        h.ops.len(),
+        h.receipts.len(),
+        h.faults.len()
+    );
+    verdict_table(&mut out, s);
+    out.push_str("<h3>Lateness</h3><img src=\"lateness.svg\" alt=\"lateness plot\">");
+    out.push_str("<h3>Timeline</h3>");
+    timeline_svg(&mut out, h);
+    out.push_str("</body></html>\n");
+    out
+}
+
+fn verdict_table(out: &mut String, s: &Summary) {
+    out.push_str("<table><tr><th>checker</th><th>verdict</th><th>counts</th><th>first counterexamples</th></tr>");
+    for r in &s.results {
+        let counts: Vec<String> = r.counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut ex: Vec<String> = r
+            .counterexamples
+            .iter()
+            .take(3)
+            .map(|c| c.to_string())
+            .collect();
+        ex.extend(r.notes.iter().map(|n| format!("note: {n}")));
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td><pre>{}</pre></td></tr>",
+            esc(&r.name),
+            if r.valid { "ok" } else { "fail" },
+            if r.valid { "valid" } else { "INVALID" },
+            esc(&counts.join(" ")),
+            esc(&ex.join("\n"))
+        );
+    }
+    out.push_str("</table>");
+}
+
+fn timeline_svg(out: &mut String, h: &History) {
+    let (start, span) = super::svg::time_span(h);
+    let end = start + span;
+    let x = |t: i64| LEFT + (t.clamp(start, end) - start) as f64 / span as f64 * (W - LEFT - 10.0);
+    let names: BTreeSet<String> = h.ops.iter().map(row_name).collect();
+    let rows: BTreeMap<String, usize> =
+        names.into_iter().enumerate().map(|(i, n)| (n, i)).collect();
+    let height = (rows.len() + 3) as f64 * ROW + 50.0;
+    let _ = write!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-size="11">"#
+    );
+    let row_y = |i: usize| 20.0 + i as f64 * ROW;
+    let _ = write!(out, r#"<text x="4" y="{}">faults</text>"#, row_y(0) + 12.0);
+    for p in &h.faults {
+        let _ = write!(
+            out,
+            r#"<rect x="{:.1}" y="{}" width="{:.1}" height="{}" fill="{}"><title>{} {} nodes {:?}</title></rect>"#,
+            x(p.start_ms),
+            row_y(0),
+            (x(p.end_ms) - x(p.start_ms)).max(1.0),
+            ROW - 2.0,
+            fault_color(&p.fault),
+            esc(&p.fault),
+            esc(&p.kind),
+            p.nodes
+        );
+    }
+    for p in &h.faults {
+        let _ = write!(
+            out,
+            r#"<text x="{:.1}" y="{}" font-size="10">{} {:?}</text>"#,
+            x(p.start_ms) + 2.0,
+            row_y(0) + 12.0,
+            esc(&p.kind),
+            p.nodes
+        );
+    }
+    for (name, i) in &rows {
+        let _ = write!(
+            out,
+            r#"<text x="4" y="{}">{}</text>"#,
+            row_y(*i + 1) + 12.0,
+            esc(name)
+        );
+    }
+    for o in h.ops.iter().take(MAX_OPS_DRAWN) {
+        let i = rows[&row_name(o)] + 1;
+        let color = match o.outcome() {
+            Outcome::Ok => "#1b7837",
+            Outcome::Fail => "#b2182b",
+            Outcome::Unknown => "#f1a340",
+        };
+        let x0 = x(o.invoke.time_ms);
+        let x1 = x(o.complete.as_ref().map_or(end, |c| c.time_ms));
+        let _ = write!(
+            out,
+            r#"<rect x="{x0:.1}" y="{}" width="{:.1}" height="{}" fill="{color}" opacity="0.5"><title>{}</title></rect>"#,
+            row_y(i) + 2.0,
+            (x1 - x0).max(1.0),
+            ROW - 6.0,
+            esc(&format!(
+                "{:?} {:?} {} → {:?} {}",
+                o.invoke.workload,
+                o.invoke.f,
+                o.invoke.key,
+                o.outcome(),
+                o.code().unwrap_or("")
+            ))
+        );
+    }
+    let ry = row_y(rows.len() + 1);
+    let _ = write!(out, r#"<text x="4" y="{}">receipts</text>"#, ry + 12.0);
+    for r in h.receipts.iter().take(MAX_RECEIPTS_DRAWN) {
+        let _ = write!(
+            out,
+            r##"<line x1="{0:.1}" y1="{1}" x2="{0:.1}" y2="{2}" stroke="#2166ac"><title>{3} attempt {4}</title></line>"##,
+            x(r.received_at_ms),
+            ry + 2.0,
+            ry + ROW - 4.0,
+            esc(&r.run_id),
+            r.attempt
+        );
+    }
+    let axis_y = ry + ROW + 4.0;
+    let step_s = [1, 2, 5, 10, 20, 30, 60, 120, 300]
+        .into_iter()
+        .find(|st| span / 1000 / st <= 20)
+        .unwrap_or(600);
+    for k in 0..=(span / 1000 / step_s) {
+        let px = x(start + k * step_s * 1000);
+        let _ = write!(
+            out,
+            r##"<line x1="{px:.1}" y1="20" x2="{px:.1}" y2="{axis_y}" stroke="#ddd"/><text x="{px:.1}" y="{}" text-anchor="middle">{}s</text>"##,
+            axis_y + 12.0,
+            k * step_s
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<text x="{LEFT}" y="{}">{} s total; {} of {} ops drawn; green ok, red fail, orange unknown</text></svg>"#,
+        axis_y + 30.0,
+        span / 1000,
+        h.ops.len().min(MAX_OPS_DRAWN),
+        h.ops.len()
+    );
+}
+
+fn row_name(o: &crate::history::Op) -> String {
+    format!("{:?} → n{}", o.invoke.workload, o.invoke.node).to_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::check_history;
+    use crate::testkit::healthy_history;
+
+    #[test]
+    fn timeline_names_every_checker() {
+        let h = History::from_events(healthy_history()).unwrap();
+        let s = check_history(&h);
+        let html = timeline_html(&h, &s);
+        for r in &s.results {
+            assert!(html.contains(&r.name), "{}", r.name);
+        }
+        assert!(html.contains("valid"));
+        assert!(html.contains("receipts"));
+    }
+}

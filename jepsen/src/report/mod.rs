@@ -1,0 +1,52 @@
+//! Reports written into the run directory: `results.json` (overall verdict and
+//! each checker's counts and first counterexamples), `lateness.svg` (fire and
+//! receipt lateness over time, fault periods shaded) and `timeline.html`
+//! (operations, receipts and faults on one time axis). Hand-written SVG/HTML.
+
+mod html;
+mod svg;
+
+use crate::check::Summary;
+use crate::history::History;
+use anyhow::{Context, Result};
+use serde_json::json;
+use std::path::Path;
+
+pub use svg::{fault_color, lateness_svg};
+
+pub fn write_all(dir: &Path, h: &History, s: &Summary) -> Result<()> {
+    let checkers: serde_json::Map<String, serde_json::Value> = s
+        .results
+        .iter()
+        .map(|r| (r.name.clone(), serde_json::to_value(r).unwrap_or_default()))
+        .collect();
+    let results = json!({
+        "valid": s.valid,
+        "run_id": h.meta.run_id,
+        "seed": h.meta.seed,
+        "mode": h.meta.mode,
+        "failed": s.failed(),
+        "checkers": checkers,
+    });
+    write(
+        dir,
+        "results.json",
+        &serde_json::to_string_pretty(&results)?,
+    )?;
+    write(dir, "lateness.svg", &lateness_svg(h))?;
+    write(dir, "timeline.html", &html::timeline_html(h, s))?;
+    Ok(())
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
+    let p = dir.join(name);
+    std::fs::write(&p, text).with_context(|| format!("write {}", p.display()))
+}
+
+/// Escapes text for SVG/HTML element content and attributes.
+pub fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
