@@ -52,7 +52,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let count = o.count.unwrap_or(10_000).clamp(2, COUNT_MAX);
     let period = o.period_s;
     anyhow::ensure!(
-        period >= 4 && 60 % period == 0 && period % 2 == 0,
+        period >= 4 && 60 % period == 0 && period & 1 == 0,
         "--period-s: an even divisor of 60, at least 4"
     );
     let n_b = count * BOUNDARY_SHARE / 100;
