@@ -97,9 +97,18 @@ pub fn install_panic_hook() {
     }));
 }
 
-/// True if `pid` is a live process.
+/// True if `pid` is a running (not zombie) kairos-jepsen process.
 fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) state ...": comm may contain spaces, so split at the last ')'.
+    let Some((head, tail)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let comm = head.split_once('(').map_or("", |(_, c)| c);
+    let state = tail.split_whitespace().next().unwrap_or("Z");
+    comm.starts_with("kairos-jepsen") && state != "Z" && state != "X"
 }
 
 /// Run ids whose harness is still alive (its own run included).

@@ -173,15 +173,17 @@ fn fault_of(rng: &mut StdRng, family: &str, nodes: usize) -> Fault {
 fn partition_of(rng: &mut StdRng, nodes: usize) -> Partition {
     let mut order: Vec<usize> = (0..nodes).collect();
     order.shuffle(rng);
-    let kinds = if nodes >= 5 { 5 } else { 3 };
+    // The ring and bridge shapes need five nodes.
+    let kinds = if nodes >= 5 { 6 } else { 4 };
     match rng.gen_range(0..kinds) {
         0 => Partition::Isolate(Target::Leader),
-        1 => Partition::Split(order[..(nodes - 1) / 2].to_vec()),
-        2 => Partition::OneWay {
+        1 => Partition::Isolate(Target::Node(order[0])),
+        2 => Partition::Split(order[..(nodes - 1) / 2].to_vec()),
+        3 => Partition::OneWay {
             target: target(rng, nodes),
             inbound: rng.gen_bool(0.5),
         },
-        3 => Partition::MajoritiesRing(order),
+        4 => Partition::MajoritiesRing(order),
         _ => Partition::Bridge(order),
     }
 }
@@ -391,6 +393,28 @@ mod tests {
             0,
         );
         assert_eq!(hears(&d, 3), vec![vec![], vec![0, 2], vec![0, 1]]);
+    }
+
+    #[test]
+    fn every_partition_shape_is_generated() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let kinds: std::collections::BTreeSet<String> = (0..400)
+            .map(|_| crate::nemesis::kind_name(&Fault::Partition(partition_of(&mut rng, 5))))
+            .collect();
+        for k in [
+            "isolate-leader",
+            "isolate-node",
+            "majority-minority",
+            "majorities-ring",
+            "bridge",
+        ] {
+            assert!(kinds.contains(k), "{k} missing from {kinds:?}");
+        }
+        let mut rng = StdRng::seed_from_u64(5);
+        assert!((0..200).all(|_| !matches!(
+            partition_of(&mut rng, 3),
+            Partition::MajoritiesRing(_) | Partition::Bridge(_)
+        )));
     }
 
     #[test]

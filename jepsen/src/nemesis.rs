@@ -156,111 +156,114 @@ impl Nemesis {
 
     /// Starts a fault: the nodes it hits, a description, and its undo.
     async fn start(&mut self, f: &Fault) -> Result<(Vec<u64>, String, Undo)> {
-        let nodes = self.nodes.clone();
-        let id = move |i: usize| nodes[i].id;
         match f {
             Fault::Partition(p) => self.partition(p).await,
-            Fault::Snapshot(t) => {
-                self.net()?;
-                let (i, why) = self.resolve(*t).await;
-                self.apply_drops(&partition_drops(
-                    &Partition::Isolate(*t),
-                    self.nodes.len(),
-                    i,
-                ))?;
-                Ok((vec![id(i)], format!("blackhole {why}"), Undo::Network))
-            }
-            Fault::Kill(t) => {
-                let (i, why) = self.resolve(*t).await;
-                self.cluster.kill(i);
-                Ok((vec![id(i)], format!("SIGKILL {why}"), Undo::Restart(i)))
-            }
-            Fault::Pause(t) => {
-                let (i, why) = self.resolve(*t).await;
-                self.cluster.signal(i, "STOP");
-                Ok((vec![id(i)], format!("SIGSTOP {why}"), Undo::Resume(i)))
-            }
-            Fault::ClockBump { target, offset_s } => {
-                anyhow::ensure!(
-                    self.cluster.faketime,
-                    "nodes were started without libfaketime"
-                );
-                let (i, why) = self.resolve(*target).await;
-                self.cluster.set_clock_offset(i, *offset_s)?;
-                Ok((
-                    vec![id(i)],
-                    format!("clock {offset_s:+}s {why}"),
-                    Undo::Clock {
-                        idx: i,
-                        strobe: None,
-                    },
-                ))
-            }
-            Fault::ClockStrobe {
-                target,
-                offset_s,
-                period_ms,
-            } => {
-                anyhow::ensure!(
-                    self.cluster.faketime,
-                    "nodes were started without libfaketime"
-                );
-                let (i, why) = self.resolve(*target).await;
-                let strobe = tokio::spawn(strobe(self.cluster.clone(), i, *offset_s, *period_ms));
-                let detail = format!("clock strobe 0/{offset_s:+}s every {period_ms} ms {why}");
-                Ok((
-                    vec![id(i)],
-                    detail,
-                    Undo::Clock {
-                        idx: i,
-                        strobe: Some(strobe),
-                    },
-                ))
-            }
             Fault::Loss {
                 target,
                 probability,
-            } => {
-                let net = self.net()?;
+            } => self.loss(*target, *probability).await,
+            Fault::Snapshot(t) => {
+                self.net()?;
+                let (i, why) = self.resolve(*t).await;
                 let n = self.nodes.len();
-                let all: Vec<usize> = (0..n).collect();
-                match target {
-                    Some(t) => {
-                        let (i, why) = self.resolve(*t).await;
-                        let net = self.net()?;
-                        net.drop_from(i, &all, Some(*probability))?;
-                        for j in (0..n).filter(|j| *j != i) {
-                            net.drop_from(j, &[i], Some(*probability))?;
-                        }
-                        Ok((
-                            vec![id(i)],
-                            format!("drop {probability} both ways {why}"),
-                            Undo::Network,
-                        ))
-                    }
-                    None => {
-                        for i in 0..n {
-                            net.drop_from(i, &all, Some(probability / 2.0))?;
-                        }
-                        Ok((
-                            self.nodes.iter().map(|x| x.id).collect(),
-                            format!("drop {} on every link", probability / 2.0),
-                            Undo::Network,
-                        ))
-                    }
-                }
+                self.apply_drops(&partition_drops(&Partition::Isolate(*t), n, i))?;
+                Ok((
+                    vec![self.nodes[i].id],
+                    format!("blackhole {why}"),
+                    Undo::Network,
+                ))
             }
             Fault::Bandwidth { target, rate_kbit } => {
                 self.net()?;
                 let (i, why) = self.resolve(*target).await;
                 self.net()?.limit_bandwidth(i, *rate_kbit)?;
-                Ok((
-                    vec![id(i)],
-                    format!("tbf {rate_kbit} kbit/s out of {why}"),
-                    Undo::Network,
-                ))
+                let detail = format!("tbf {rate_kbit} kbit/s out of {why}");
+                Ok((vec![self.nodes[i].id], detail, Undo::Network))
             }
+            _ => self.process_fault(f).await,
         }
+    }
+
+    /// Faults on a node's process or clock.
+    async fn process_fault(&mut self, f: &Fault) -> Result<(Vec<u64>, String, Undo)> {
+        let (target, is_clock) = match f {
+            Fault::Kill(t) | Fault::Pause(t) => (*t, false),
+            Fault::ClockBump { target, .. } | Fault::ClockStrobe { target, .. } => (*target, true),
+            _ => anyhow::bail!("not a process fault: {f:?}"),
+        };
+        anyhow::ensure!(
+            !is_clock || self.cluster.faketime,
+            "nodes were started without libfaketime"
+        );
+        let (i, why) = self.resolve(target).await;
+        let hit = vec![self.nodes[i].id];
+        Ok(match f {
+            Fault::Kill(_) => {
+                self.cluster.kill(i);
+                (hit, format!("SIGKILL {why}"), Undo::Restart(i))
+            }
+            Fault::Pause(_) => {
+                self.cluster.signal(i, "STOP");
+                (hit, format!("SIGSTOP {why}"), Undo::Resume(i))
+            }
+            Fault::ClockBump { offset_s, .. } => {
+                self.cluster.set_clock_offset(i, *offset_s)?;
+                (
+                    hit,
+                    format!("clock {offset_s:+}s {why}"),
+                    Undo::Clock {
+                        idx: i,
+                        strobe: None,
+                    },
+                )
+            }
+            Fault::ClockStrobe {
+                offset_s,
+                period_ms,
+                ..
+            } => {
+                let task = tokio::spawn(strobe(self.cluster.clone(), i, *offset_s, *period_ms));
+                let detail = format!("clock strobe 0/{offset_s:+}s every {period_ms} ms {why}");
+                (
+                    hit,
+                    detail,
+                    Undo::Clock {
+                        idx: i,
+                        strobe: Some(task),
+                    },
+                )
+            }
+            _ => unreachable!("matched above"),
+        })
+    }
+
+    /// Random drops on one node's links (both ways) or on every link.
+    async fn loss(&mut self, target: Option<Target>, p: f64) -> Result<(Vec<u64>, String, Undo)> {
+        self.net()?;
+        let n = self.nodes.len();
+        let all: Vec<usize> = (0..n).collect();
+        let Some(t) = target else {
+            for i in 0..n {
+                self.net()?.drop_from(i, &all, Some(p / 2.0))?;
+            }
+            let hit = self.nodes.iter().map(|x| x.id).collect();
+            return Ok((
+                hit,
+                format!("drop {} on every link", p / 2.0),
+                Undo::Network,
+            ));
+        };
+        let (i, why) = self.resolve(t).await;
+        let net = self.net()?;
+        net.drop_from(i, &all, Some(p))?;
+        for j in (0..n).filter(|j| *j != i) {
+            net.drop_from(j, &[i], Some(p))?;
+        }
+        Ok((
+            vec![self.nodes[i].id],
+            format!("drop {p} both ways {why}"),
+            Undo::Network,
+        ))
     }
 
     async fn partition(&mut self, p: &Partition) -> Result<(Vec<u64>, String, Undo)> {

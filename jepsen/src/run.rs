@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -169,6 +170,37 @@ fn free_port_base(n: usize) -> Result<u16> {
     bail!("no free loopback ports")
 }
 
+/// What the live phases share.
+struct Live {
+    rec: Recorder,
+    nodes: Arc<Vec<Node>>,
+    op_timeout: Duration,
+    seed: u64,
+}
+
+impl Live {
+    fn ctx(&self, stop: watch::Receiver<bool>) -> Ctx {
+        Ctx {
+            rec: self.rec.clone(),
+            nodes: self.nodes.clone(),
+            op_timeout: self.op_timeout,
+            stop,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Running workload tasks and their stop signals.
+struct Workloads {
+    stop_clients: watch::Sender<bool>,
+    clients_rx: watch::Receiver<bool>,
+    stop_workers: watch::Sender<bool>,
+    workers: Option<JoinHandle<()>>,
+    interval: Option<JoinHandle<Vec<String>>>,
+    timers: Option<JoinHandle<Vec<String>>>,
+    register: Option<JoinHandle<()>>,
+}
+
 async fn drive(
     cfg: &RunConfig,
     id: &str,
@@ -178,24 +210,58 @@ async fn drive(
 ) -> Result<()> {
     let clock = Clock::new();
     let rec = Recorder::create(&cfg.out.join(HISTORY_FILE), clock)?;
+    let nodes = start_nodes(cfg, id, &cluster).await?;
+    let m = meta(cfg, id, nemeses, &nodes, net.is_some(), clock.now_ms());
+    rec.record(Event::Meta(m)).await;
+    let live = Live {
+        rec,
+        nodes,
+        op_timeout: Duration::from_millis(cfg.op_timeout_ms),
+        seed: cfg.seed,
+    };
+    let w = spawn_workloads(cfg, &live);
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let plan = fault_plan(&mut rng, nemeses, live.nodes.len(), cfg.time_limit_s * 1000);
+    println!("nemesis plan: {} faults", plan.len());
+    let mut nemesis = Nemesis::new(cluster, net, live.nodes.clone(), live.rec.clone(), rng);
+    let (t0, stop) = (tokio::time::Instant::now(), w.clients_rx.clone());
+    let nemesis_task = tokio::spawn(async move {
+        nemesis.run_plan(plan, t0, stop).await;
+        nemesis
+    });
+    tokio::time::sleep(Duration::from_secs(cfg.time_limit_s)).await;
+    println!("time limit reached: healing and settling");
+    let _ = w.stop_clients.send(true);
+    let nemesis = nemesis_task.await?;
+    nemesis.heal_everything().await;
+    let ids = settle(cfg, id, &live, &nemesis, w).await;
+    let converged = final_state::wait_converged(&live.nodes, Duration::from_secs(30)).await;
+    println!("replicas converged: {converged}");
+    for f in final_reads(&live.rec, &live.nodes, &ids).await {
+        live.rec.record(Event::Final(f)).await;
+    }
+    live.rec.sync().await;
+    Ok(())
+}
+
+/// Starts every node and waits for a leader.
+async fn start_nodes(cfg: &RunConfig, id: &str, cluster: &Cluster) -> Result<Arc<Vec<Node>>> {
     cluster.start_all()?;
-    let nodes: Arc<Vec<Node>> = Arc::new(
-        cluster
-            .nodes
-            .iter()
-            .map(|s| {
-                Ok(Node {
-                    id: s.id,
-                    addr: s.listen.clone(),
-                    channel: client::channel(&s.listen)?,
-                })
+    let nodes: Vec<Node> = cluster
+        .nodes
+        .iter()
+        .map(|s| {
+            Ok(Node {
+                id: s.id,
+                addr: s.listen.clone(),
+                channel: client::channel(&s.listen)?,
             })
-            .collect::<Result<_>>()?,
-    );
+        })
+        .collect::<Result<_>>()?;
+    let addrs: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
     println!(
-        "run {id}: {} nodes {:?}, out {}",
-        nodes.len(),
-        nodes.iter().map(|n| &n.addr).collect::<Vec<_>>(),
+        "run {id}: nodes {addrs:?}, args {:?}, out {}",
+        cluster.extra_args,
         cfg.out.display()
     );
     if !wait_leader(&nodes, READY_TIMEOUT).await {
@@ -204,33 +270,13 @@ async fn drive(
             cluster.log_tail(0, 20)
         );
     }
-    rec.record(Event::Meta(meta(
-        cfg,
-        id,
-        nemeses,
-        &nodes,
-        net.is_some(),
-        clock.now_ms(),
-    )))
-    .await;
+    Ok(Arc::new(nodes))
+}
+
+fn spawn_workloads(cfg: &RunConfig, live: &Live) -> Workloads {
     let (stop_clients, clients_rx) = watch::channel(false);
     let (stop_workers, workers_rx) = watch::channel(false);
-    let ctx = |stop| Ctx {
-        rec: rec.clone(),
-        nodes: nodes.clone(),
-        op_timeout: Duration::from_millis(cfg.op_timeout_ms),
-        stop,
-        seed: cfg.seed,
-    };
     let has = |w: &str| cfg.workloads.iter().any(|x| x == w);
-    let workers = has("execution")
-        .then(|| tokio::spawn(workload::execution::run(ctx(workers_rx.clone()), WORKERS)));
-    let interval = has("interval").then(|| {
-        tokio::spawn(workload::interval::run(
-            ctx(clients_rx.clone()),
-            Default::default(),
-        ))
-    });
     let timers_cfg = workload::timers::Config {
         rate: (cfg.rate * 0.3).max(0.2),
         max_timers: 20_000,
@@ -241,67 +287,63 @@ async fn drive(
                     .max(cfg.time_limit_s / 2),
             ),
     };
-    let timers = has("timers")
-        .then(|| tokio::spawn(workload::timers::run(ctx(clients_rx.clone()), timers_cfg)));
     let reg_cfg = workload::register::Config {
         rate: (cfg.rate * 0.7).max(0.2),
         ..Default::default()
     };
-    let register = has("register")
-        .then(|| tokio::spawn(workload::register::run(ctx(clients_rx.clone()), reg_cfg)));
+    let clients = || live.ctx(clients_rx.clone());
+    Workloads {
+        workers: has("execution").then(|| {
+            tokio::spawn(workload::execution::run(
+                live.ctx(workers_rx.clone()),
+                WORKERS,
+            ))
+        }),
+        interval: has("interval")
+            .then(|| tokio::spawn(workload::interval::run(clients(), Default::default()))),
+        timers: has("timers").then(|| tokio::spawn(workload::timers::run(clients(), timers_cfg))),
+        register: has("register")
+            .then(|| tokio::spawn(workload::register::run(clients(), reg_cfg))),
+        stop_clients,
+        clients_rx: clients_rx.clone(),
+        stop_workers,
+    }
+}
 
-    let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let plan = fault_plan(&mut rng, nemeses, nodes.len(), cfg.time_limit_s * 1000);
-    println!("nemesis plan: {} faults", plan.len());
-    let mut nemesis = Nemesis::new(
-        cluster.clone(),
-        net.clone(),
-        nodes.clone(),
-        rec.clone(),
-        rng,
-    );
-    let t0 = tokio::time::Instant::now();
-    let nemesis_rx = clients_rx.clone();
-    let nemesis_task = tokio::spawn(async move {
-        nemesis.run_plan(plan, t0, nemesis_rx).await;
-        nemesis
-    });
-    tokio::time::sleep(Duration::from_secs(cfg.time_limit_s)).await;
-    println!("time limit reached: healing and settling");
-    let _ = stop_clients.send(true);
-    let nemesis = nemesis_task.await?;
-    nemesis.heal_everything().await;
+/// After the faults: collect the client workloads, settle, probe, quiesce,
+/// stop the workers. Returns every job id the harness touched.
+async fn settle(
+    cfg: &RunConfig,
+    id: &str,
+    live: &Live,
+    nemesis: &Nemesis,
+    w: Workloads,
+) -> BTreeSet<String> {
     let mut ids: BTreeSet<String> = BTreeSet::new();
-    let interval_ids = match interval {
+    let interval_ids = match w.interval {
         Some(t) => t.await.unwrap_or_default(),
         None => Vec::new(),
     };
     ids.extend(interval_ids.iter().cloned());
-    if let Some(t) = timers {
+    if let Some(t) = w.timers {
         ids.extend(t.await.unwrap_or_default());
     }
-    if let Some(t) = register {
+    if let Some(t) = w.register {
         let _ = t.await;
     }
     tokio::time::sleep(Duration::from_secs(cfg.quiet_s)).await;
     nemesis.heal_everything().await;
-    wait_leader(&nodes, Duration::from_secs(30)).await;
+    wait_leader(&live.nodes, Duration::from_secs(30)).await;
     let (_admin_stop, admin_rx) = watch::channel(false);
-    let admin = ctx(admin_rx);
+    let admin = live.ctx(admin_rx);
     ids.insert(probe(&admin, id).await);
     quiesce(&admin, &interval_ids).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let _ = stop_workers.send(true);
-    if let Some(w) = workers {
-        let _ = w.await;
+    let _ = w.stop_workers.send(true);
+    if let Some(t) = w.workers {
+        let _ = t.await;
     }
-    let converged = final_state::wait_converged(&nodes, Duration::from_secs(30)).await;
-    println!("replicas converged: {converged}");
-    for f in final_reads(&rec, &nodes, &ids).await {
-        rec.record(Event::Final(f)).await;
-    }
-    rec.sync().await;
-    Ok(())
+    ids
 }
 
 /// Reads every node, again (bounded) while some node's state moved during

@@ -178,89 +178,8 @@ fn job(id: &str, paused: bool, next_fire_at_ms: i64) -> FinalJob {
 /// fires at +4.51 s; timer `tmr-1` is cancelled long before +20 s.
 pub fn healthy_history() -> Vec<Event> {
     let b = BASE_MS;
-    let bounds = Bounds {
-        execution_grace_ms: 2_000,
-        ..Bounds::default()
-    };
-    let mut ev = vec![Event::Meta(Meta {
-        run_id: "test".into(),
-        seed: 1,
-        mode: "netns".into(),
-        nodes: (1..=3)
-            .map(|id| NodeInfo {
-                id,
-                addr: format!("10.0.0.{id}:7070"),
-            })
-            .collect(),
-        start_ms: b,
-        time_limit_s: 15,
-        nemeses: vec!["kill".into()],
-        workloads: ["register", "interval", "timers", "execution"]
-            .map(String::from)
-            .to_vec(),
-        bounds,
-    })];
-    ev.extend(create_ok(
-        1,
-        b + 1_000,
-        Workload::Interval,
-        "int-0",
-        b + 2_000,
-    ));
-    ev.extend(create_ok(
-        2,
-        b + 1_500,
-        Workload::Timers,
-        "tmr-0",
-        b + 4_510,
-    ));
-    ev.extend(create_ok(
-        3,
-        b + 1_600,
-        Workload::Timers,
-        "tmr-1",
-        b + 20_000,
-    ));
-    ev.extend(simple_ok(
-        4,
-        b + 2_000,
-        Workload::Timers,
-        OpF::Delete,
-        "tmr-1",
-    ));
-    ev.extend(reg_op(
-        5,
-        0,
-        b + 2_100,
-        OpF::Create,
-        Some(1),
-        None,
-        Outcome::Ok,
-        Some(1),
-        None,
-    ));
-    ev.extend(reg_op(
-        6,
-        0,
-        b + 2_200,
-        OpF::Update,
-        Some(2),
-        Some(1),
-        Outcome::Ok,
-        Some(2),
-        None,
-    ));
-    ev.extend(reg_op(
-        7,
-        1,
-        b + 2_300,
-        OpF::Get,
-        None,
-        None,
-        Outcome::Ok,
-        Some(2),
-        Some(2),
-    ));
+    let mut ev = vec![healthy_meta()];
+    ev.extend(healthy_ops());
     ev.push(nemesis(1, b + 5_000, Phase::Start, "kill"));
     ev.push(nemesis(1, b + 8_000, Phase::Stop, "kill"));
     let mut runs = Vec::new();
@@ -287,15 +206,56 @@ pub fn healthy_history() -> Vec<Event> {
     ));
     for node in 1..=3 {
         let mut f = final_node(node, 100, runs.clone());
+        let far = b + 10_000_000;
         f.jobs = vec![
             job("int-0", true, 0),
             job("tmr-0", false, 0),
-            job("reg-0", false, b + 10_000_000),
-            job("probe-test", false, b + 10_000_000),
+            job("reg-0", false, far),
+            job("probe-test", false, far),
         ];
         ev.push(Event::Final(f));
     }
     ev
+}
+
+fn healthy_meta() -> Event {
+    Event::Meta(Meta {
+        run_id: "test".into(),
+        seed: 1,
+        mode: "netns".into(),
+        nodes: (1..=3)
+            .map(|id| NodeInfo {
+                id,
+                addr: format!("10.0.0.{id}:7070"),
+            })
+            .collect(),
+        start_ms: BASE_MS,
+        time_limit_s: 15,
+        nemeses: vec!["kill".into()],
+        workloads: ["register", "interval", "timers", "execution"]
+            .map(String::from)
+            .to_vec(),
+        bounds: Bounds {
+            execution_grace_ms: 2_000,
+            ..Bounds::default()
+        },
+    })
+}
+
+/// Creates, the timely cancel of `tmr-1`, and register create/update/get.
+fn healthy_ops() -> Vec<Event> {
+    let b = BASE_MS;
+    let (ok, get, create, update) = (Outcome::Ok, OpF::Get, OpF::Create, OpF::Update);
+    [
+        create_ok(1, b + 1_000, Workload::Interval, "int-0", b + 2_000),
+        create_ok(2, b + 1_500, Workload::Timers, "tmr-0", b + 4_510),
+        create_ok(3, b + 1_600, Workload::Timers, "tmr-1", b + 20_000),
+        simple_ok(4, b + 2_000, Workload::Timers, OpF::Delete, "tmr-1"),
+        reg_op(5, 0, b + 2_100, create, Some(1), None, ok, Some(1), None),
+        reg_op(6, 0, b + 2_200, update, Some(2), Some(1), ok, Some(2), None),
+        reg_op(7, 1, b + 2_300, get, None, None, ok, Some(2), Some(2)),
+    ]
+    .concat()
 }
 
 /// Applies `f` to every final node state of `events`.

@@ -26,6 +26,7 @@ pub fn check(h: &History) -> CheckResult {
         return r;
     }
     let window_end = h.window_end_ms() - h.bounds().healthy_lateness_ms;
+    r.details = Some(bounds_stated(h, window_end));
     let read_ms = h.final_read_ms();
     for (key, occurrences) in expected(h, window_end) {
         for t in occurrences {
@@ -51,6 +52,22 @@ pub fn check(h: &History) -> CheckResult {
         }
     }
     r
+}
+
+/// The lateness bound L in force in each period, for the report.
+fn bounds_stated(h: &History, window_end: i64) -> serde_json::Value {
+    let b = h.bounds();
+    let periods: Vec<_> = h
+        .faults
+        .iter()
+        .map(|p| {
+            json!({"fault": p.kind, "nodes": p.nodes, "start_ms": p.start_ms, "end_ms": p.end_ms,
+                   "due_from_ms": p.start_ms - b.healthy_lateness_ms,
+                   "may_fire_until_ms": p.end_ms.saturating_add(b.recovery_ms)})
+        })
+        .collect();
+    json!({"healthy_lateness_ms": b.healthy_lateness_ms, "recovery_ms": b.recovery_ms,
+           "window_end_ms": window_end, "fault_periods": periods})
 }
 
 /// (job, occurrence times) that must have fired.

@@ -32,6 +32,9 @@ pub struct CheckResult {
     pub counterexamples: Vec<serde_json::Value>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Checker-specific context for the report (e.g. the bounds applied).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<serde_json::Value>,
 }
 
 impl CheckResult {
@@ -42,6 +45,7 @@ impl CheckResult {
             counts: BTreeMap::new(),
             counterexamples: Vec::new(),
             notes: Vec::new(),
+            details: None,
         }
     }
 

@@ -75,104 +75,43 @@ fn verdict_table(out: &mut String, s: &Summary) {
     out.push_str("</table>");
 }
 
+/// Maps harness time onto the timeline's x axis.
+struct Axis {
+    start: i64,
+    span: i64,
+}
+
+impl Axis {
+    fn x(&self, t: i64) -> f64 {
+        let t = t.clamp(self.start, self.start + self.span);
+        LEFT + (t - self.start) as f64 / self.span as f64 * (W - LEFT - 10.0)
+    }
+}
+
+fn row_y(i: usize) -> f64 {
+    20.0 + i as f64 * ROW
+}
+
 fn timeline_svg(out: &mut String, h: &History) {
     let (start, span) = super::svg::time_span(h);
-    let end = start + span;
-    let x = |t: i64| LEFT + (t.clamp(start, end) - start) as f64 / span as f64 * (W - LEFT - 10.0);
+    let ax = Axis { start, span };
     let names: BTreeSet<String> = h.ops.iter().map(row_name).collect();
-    let rows: BTreeMap<String, usize> =
-        names.into_iter().enumerate().map(|(i, n)| (n, i)).collect();
-    let height = (rows.len() + 3) as f64 * ROW + 50.0;
+    let rows: BTreeMap<String, usize> = names
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| (n, i + 1))
+        .collect();
+    let receipts_y = row_y(rows.len() + 1);
+    let axis_y = receipts_y + ROW + 4.0;
     let _ = write!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-size="11">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}" font-size="11">"#,
+        axis_y + 40.0
     );
-    let row_y = |i: usize| 20.0 + i as f64 * ROW;
-    let _ = write!(out, r#"<text x="4" y="{}">faults</text>"#, row_y(0) + 12.0);
-    for p in &h.faults {
-        let _ = write!(
-            out,
-            r#"<rect x="{:.1}" y="{}" width="{:.1}" height="{}" fill="{}"><title>{} {} nodes {:?}</title></rect>"#,
-            x(p.start_ms),
-            row_y(0),
-            (x(p.end_ms) - x(p.start_ms)).max(1.0),
-            ROW - 2.0,
-            fault_color(&p.fault),
-            esc(&p.fault),
-            esc(&p.kind),
-            p.nodes
-        );
-    }
-    for p in &h.faults {
-        let _ = write!(
-            out,
-            r#"<text x="{:.1}" y="{}" font-size="10">{} {:?}</text>"#,
-            x(p.start_ms) + 2.0,
-            row_y(0) + 12.0,
-            esc(&p.kind),
-            p.nodes
-        );
-    }
-    for (name, i) in &rows {
-        let _ = write!(
-            out,
-            r#"<text x="4" y="{}">{}</text>"#,
-            row_y(*i + 1) + 12.0,
-            esc(name)
-        );
-    }
-    for o in h.ops.iter().take(MAX_OPS_DRAWN) {
-        let i = rows[&row_name(o)] + 1;
-        let color = match o.outcome() {
-            Outcome::Ok => "#1b7837",
-            Outcome::Fail => "#b2182b",
-            Outcome::Unknown => "#f1a340",
-        };
-        let x0 = x(o.invoke.time_ms);
-        let x1 = x(o.complete.as_ref().map_or(end, |c| c.time_ms));
-        let _ = write!(
-            out,
-            r#"<rect x="{x0:.1}" y="{}" width="{:.1}" height="{}" fill="{color}" opacity="0.5"><title>{}</title></rect>"#,
-            row_y(i) + 2.0,
-            (x1 - x0).max(1.0),
-            ROW - 6.0,
-            esc(&format!(
-                "{:?} {:?} {} → {:?} {}",
-                o.invoke.workload,
-                o.invoke.f,
-                o.invoke.key,
-                o.outcome(),
-                o.code().unwrap_or("")
-            ))
-        );
-    }
-    let ry = row_y(rows.len() + 1);
-    let _ = write!(out, r#"<text x="4" y="{}">receipts</text>"#, ry + 12.0);
-    for r in h.receipts.iter().take(MAX_RECEIPTS_DRAWN) {
-        let _ = write!(
-            out,
-            r##"<line x1="{0:.1}" y1="{1}" x2="{0:.1}" y2="{2}" stroke="#2166ac"><title>{3} attempt {4}</title></line>"##,
-            x(r.received_at_ms),
-            ry + 2.0,
-            ry + ROW - 4.0,
-            esc(&r.run_id),
-            r.attempt
-        );
-    }
-    let axis_y = ry + ROW + 4.0;
-    let step_s = [1, 2, 5, 10, 20, 30, 60, 120, 300]
-        .into_iter()
-        .find(|st| span / 1000 / st <= 20)
-        .unwrap_or(600);
-    for k in 0..=(span / 1000 / step_s) {
-        let px = x(start + k * step_s * 1000);
-        let _ = write!(
-            out,
-            r##"<line x1="{px:.1}" y1="20" x2="{px:.1}" y2="{axis_y}" stroke="#ddd"/><text x="{px:.1}" y="{}" text-anchor="middle">{}s</text>"##,
-            axis_y + 12.0,
-            k * step_s
-        );
-    }
+    time_grid(out, &ax, axis_y);
+    fault_row(out, h, &ax);
+    op_rows(out, h, &ax, &rows);
+    receipt_row(out, h, &ax, receipts_y);
     let _ = write!(
         out,
         r#"<text x="{LEFT}" y="{}">{} s total; {} of {} ops drawn; green ok, red fail, orange unknown</text></svg>"#,
@@ -181,6 +120,95 @@ fn timeline_svg(out: &mut String, h: &History) {
         h.ops.len().min(MAX_OPS_DRAWN),
         h.ops.len()
     );
+}
+
+fn time_grid(out: &mut String, ax: &Axis, axis_y: f64) {
+    let step_s = [1, 2, 5, 10, 20, 30, 60, 120, 300]
+        .into_iter()
+        .find(|st| ax.span / 1000 / st <= 20)
+        .unwrap_or(600);
+    for k in 0..=(ax.span / 1000 / step_s) {
+        let px = ax.x(ax.start + k * step_s * 1000);
+        let _ = write!(
+            out,
+            r##"<line x1="{px:.1}" y1="20" x2="{px:.1}" y2="{axis_y}" stroke="#ddd"/><text x="{px:.1}" y="{}" text-anchor="middle">{}s</text>"##,
+            axis_y + 12.0,
+            k * step_s
+        );
+    }
+}
+
+fn fault_row(out: &mut String, h: &History, ax: &Axis) {
+    let _ = write!(out, r#"<text x="4" y="{}">faults</text>"#, row_y(0) + 12.0);
+    for p in &h.faults {
+        let (x0, x1) = (ax.x(p.start_ms), ax.x(p.end_ms));
+        let _ = write!(
+            out,
+            r#"<rect x="{x0:.1}" y="{}" width="{:.1}" height="{}" fill="{}"><title>{} {} nodes {:?}</title></rect><text x="{:.1}" y="{}" font-size="10">{} {:?}</text>"#,
+            row_y(0),
+            (x1 - x0).max(1.0),
+            ROW - 2.0,
+            fault_color(&p.fault),
+            esc(&p.fault),
+            esc(&p.kind),
+            p.nodes,
+            x0 + 2.0,
+            row_y(0) + 12.0,
+            esc(&p.kind),
+            p.nodes
+        );
+    }
+}
+
+fn op_rows(out: &mut String, h: &History, ax: &Axis, rows: &BTreeMap<String, usize>) {
+    for (name, i) in rows {
+        let _ = write!(
+            out,
+            r#"<text x="4" y="{}">{}</text>"#,
+            row_y(*i) + 12.0,
+            esc(name)
+        );
+    }
+    for o in h.ops.iter().take(MAX_OPS_DRAWN) {
+        let color = match o.outcome() {
+            Outcome::Ok => "#1b7837",
+            Outcome::Fail => "#b2182b",
+            Outcome::Unknown => "#f1a340",
+        };
+        let x0 = ax.x(o.invoke.time_ms);
+        let x1 = ax.x(o.complete.as_ref().map_or(i64::MAX, |c| c.time_ms));
+        let label = format!(
+            "{:?} {:?} {} → {:?} {}",
+            o.invoke.workload,
+            o.invoke.f,
+            o.invoke.key,
+            o.outcome(),
+            o.code().unwrap_or("")
+        );
+        let _ = write!(
+            out,
+            r#"<rect x="{x0:.1}" y="{}" width="{:.1}" height="{}" fill="{color}" opacity="0.5"><title>{}</title></rect>"#,
+            row_y(rows[&row_name(o)]) + 2.0,
+            (x1 - x0).max(1.0),
+            ROW - 6.0,
+            esc(&label)
+        );
+    }
+}
+
+fn receipt_row(out: &mut String, h: &History, ax: &Axis, y: f64) {
+    let _ = write!(out, r#"<text x="4" y="{}">receipts</text>"#, y + 12.0);
+    for r in h.receipts.iter().take(MAX_RECEIPTS_DRAWN) {
+        let _ = write!(
+            out,
+            r##"<line x1="{0:.1}" y1="{1}" x2="{0:.1}" y2="{2}" stroke="#2166ac"><title>{3} attempt {4}</title></line>"##,
+            ax.x(r.received_at_ms),
+            y + 2.0,
+            y + ROW - 4.0,
+            esc(&r.run_id),
+            r.attempt
+        );
+    }
 }
 
 fn row_name(o: &crate::history::Op) -> String {

@@ -8,10 +8,10 @@ use crate::history::{History, FOREVER_MS};
 use std::fmt::Write;
 
 const W: f64 = 1000.0;
-const H: f64 = 420.0;
+const H: f64 = 434.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
-const TOP: f64 = 30.0;
+const TOP: f64 = 44.0;
 const BOTTOM: f64 = 50.0;
 /// Points per series, at most (longer series are strided).
 const MAX_POINTS: usize = 20_000;
@@ -208,7 +208,7 @@ fn legend(s: &mut String, h: &History) {
     let mut fams: Vec<&str> = h.faults.iter().map(|p| p.fault.as_str()).collect();
     fams.sort();
     fams.dedup();
-    let mut lx = W - RIGHT - 420.0;
+    let mut lx = LEFT;
     let items = [
         ("fire (record)", "#2166ac"),
         ("receipt (worker)", "#1b7837"),
@@ -216,20 +216,20 @@ fn legend(s: &mut String, h: &History) {
     for (name, c) in items {
         let _ = write!(
             s,
-            r#"<circle cx="{lx}" cy="14" r="4" fill="{c}"/><text x="{}" y="18">{name}</text>"#,
+            r#"<circle cx="{lx}" cy="30" r="4" fill="{c}"/><text x="{}" y="34">{name}</text>"#,
             lx + 8.0
         );
-        lx += 100.0;
+        lx += 115.0;
     }
     for f in fams {
         let _ = write!(
             s,
-            r#"<rect x="{lx}" y="8" width="10" height="10" fill="{}"/><text x="{}" y="18">{}</text>"#,
+            r#"<rect x="{lx}" y="25" width="10" height="10" fill="{}"/><text x="{}" y="34">{}</text>"#,
             fault_color(f),
             lx + 13.0,
             esc(f)
         );
-        lx += 70.0;
+        lx += 22.0 + 7.0 * f.len() as f64;
     }
 }
 
