@@ -188,6 +188,18 @@ impl Client {
             .await
     }
 
+    /// Runs a finished run again as its next attempt (`Runs.RetryRun`).
+    pub async fn retry_run(&self, run_id: &str) -> Result<pb::Run, Status> {
+        let req = pb::RunRef {
+            run_id: run_id.to_string(),
+        };
+        self.runs(|mut c| {
+            let r = req.clone();
+            async move { c.retry_run(r).await }
+        })
+        .await
+    }
+
     pub async fn status(&self) -> Result<pb::StatusResponse, Status> {
         self.call(|c| async move { ClusterClient::new(c).status(pb::StatusRequest {}).await })
             .await
@@ -196,13 +208,14 @@ impl Client {
     /// Runs of `job` in scheduled order, paging through the server's pages up to `limit`.
     pub async fn list_runs(&self, job: &str, limit: usize) -> Result<Vec<pb::Run>, Status> {
         let mut out = Vec::new();
-        let mut after = 0i64;
+        let (mut after, mut after_shard) = (0i64, 0u32);
         while out.len() < limit {
             let page_size = (limit - out.len()).min(1000) as u32;
             let req = pb::ListRunsRequest {
                 job: job.to_string(),
                 page_size,
                 after_scheduled_at_ms: after,
+                after_shard,
             };
             let page = self.runs(|mut c| {
                 let req = req.clone();
@@ -210,10 +223,10 @@ impl Client {
             });
             let page = page.await?;
             out.extend(page.runs);
-            if page.next_after_scheduled_at_ms == 0 {
+            if page.next_after_scheduled_at_ms == 0 && page.next_after_shard == 0 {
                 break;
             }
-            after = page.next_after_scheduled_at_ms;
+            (after, after_shard) = (page.next_after_scheduled_at_ms, page.next_after_shard);
         }
         Ok(out)
     }
@@ -226,7 +239,7 @@ impl Client {
         limit: usize,
     ) -> Result<Vec<pb::Run>, Status> {
         let mut out = Vec::new();
-        let mut after = 0i64;
+        let (mut after, mut after_shard) = (0i64, 0u32);
         let mut client =
             RunsClient::new(self.channel_to(addr)?).max_decoding_message_size(64 << 20);
         while out.len() < limit {
@@ -235,6 +248,7 @@ impl Client {
                 job: job.to_string(),
                 page_size,
                 after_scheduled_at_ms: after,
+                after_shard,
             });
             req.metadata_mut().insert(
                 LOCAL_HEADER,
@@ -242,10 +256,10 @@ impl Client {
             );
             let page = client.list_runs(req).await?.into_inner();
             out.extend(page.runs);
-            if page.next_after_scheduled_at_ms == 0 {
+            if page.next_after_scheduled_at_ms == 0 && page.next_after_shard == 0 {
                 break;
             }
-            after = page.next_after_scheduled_at_ms;
+            (after, after_shard) = (page.next_after_scheduled_at_ms, page.next_after_shard);
         }
         Ok(out)
     }

@@ -31,6 +31,9 @@ pub struct Task {
     pub deadline_ms: i64,
     /// `<run_id>#<attempt>`: stable across leaders.
     pub fencing_token: String,
+    /// Shard index, `0..shard_count` (0 and 1 for an unsharded job).
+    pub shard: u32,
+    pub shard_count: u32,
     /// This worker's clock when the assignment arrived.
     pub received_at_ms: i64,
 }
@@ -53,6 +56,7 @@ pub struct Worker {
     groups: Vec<String>,
     capacity: u32,
     id: String,
+    labels: std::collections::HashMap<String, String>,
     heartbeat: Duration,
 }
 
@@ -76,6 +80,7 @@ impl Worker {
             groups: vec![group.to_string()],
             capacity: 1,
             id: format!("worker-{}-{}", std::process::id(), now_ms() % 100_000),
+            labels: Default::default(),
             heartbeat: Duration::from_secs(1),
         }
     }
@@ -92,6 +97,12 @@ impl Worker {
 
     pub fn group(mut self, g: &str) -> Self {
         self.groups.push(g.to_string());
+        self
+    }
+
+    /// A label announced in Hello, matched by jobs with route `label`.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_string(), value.to_string());
         self
     }
 
@@ -189,7 +200,7 @@ impl Worker {
             worker_id: self.id.clone(),
             groups: self.groups.clone(),
             capacity: self.capacity,
-            labels: Default::default(),
+            labels: self.labels.clone(),
         };
         tx.send(pb::WorkerMessage {
             msg: Some(Out::Hello(hello)),
@@ -251,6 +262,11 @@ async fn on_server_message<H, Fut>(
             {
                 return; // shutting down (the lease runs out and it is retried), or already running
             }
+            // A newer attempt means the server ended the older one (its
+            // Cancel may have been lost): stop it rather than run both.
+            if let Some((_, old)) = s.running.remove(&a.run_id) {
+                old.abort();
+            }
             let task = Task {
                 run_id: a.run_id.clone(),
                 job: a.job,
@@ -261,6 +277,8 @@ async fn on_server_message<H, Fut>(
                 deadline_ms: a.deadline_ms,
                 fencing_token: a.fencing_token,
                 received_at_ms: now_ms(),
+                shard: a.shard,
+                shard_count: a.shard_count.max(1),
             };
             let h = tokio::spawn(execute(handler.clone(), task, shared.clone(), tx.clone()));
             s.running.insert(a.run_id, (a.attempt, h));
@@ -320,7 +338,10 @@ async fn execute<H, Fut>(
     };
     {
         let mut s = shared.lock().await;
-        s.running.remove(&run_id);
+        // Only this attempt's own entry: a newer attempt of the run may hold the slot now.
+        if s.running.get(&run_id).is_some_and(|(a, _)| *a == attempt) {
+            s.running.remove(&run_id);
+        }
         s.unacked.insert((run_id, attempt), finish.clone());
     }
     // If the stream is gone the finish stays unacked and is re-sent on reconnect.

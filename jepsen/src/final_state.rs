@@ -141,12 +141,13 @@ async fn read_jobs(n: &Node) -> Result<Vec<FinalJob>, tonic::Status> {
 async fn read_runs(n: &Node, job: &str) -> Result<Vec<FinalRun>, tonic::Status> {
     let mut client = RunsClient::new(n.channel.clone());
     let mut out = Vec::new();
-    let mut after = 0i64;
+    let mut after = (0i64, 0u32);
     for _ in 0..MAX_PAGES {
         let req = ListRunsRequest {
             job: job.to_string(),
             page_size: PAGE,
-            after_scheduled_at_ms: after,
+            after_scheduled_at_ms: after.0,
+            after_shard: after.1,
         };
         let page = match client.list_runs(local(req, CALL_TIMEOUT)).await {
             Ok(p) => p.into_inner(),
@@ -166,10 +167,11 @@ async fn read_runs(n: &Node, job: &str) -> Result<Vec<FinalRun>, tonic::Status> 
                 attempt: r.attempt,
             }
         }));
-        if page.next_after_scheduled_at_ms == 0 || page.next_after_scheduled_at_ms <= after {
+        let next = (page.next_after_scheduled_at_ms, page.next_after_shard);
+        if next == (0, 0) || next <= after {
             break;
         }
-        after = page.next_after_scheduled_at_ms;
+        after = next;
     }
     Ok(out)
 }

@@ -129,8 +129,8 @@ async fn an_attempt_past_its_deadline_times_out_and_is_retried() {
     .await;
     let run = final_run(&c, "lease-job").await;
     assert_eq!(run.state, pb::RunState::Succeeded as i32, "{run:?}");
-    // Which worker takes the retry is the dispatcher's preference (unit-tested there).
     assert_eq!(run.attempt, 2, "{run:?}");
+    assert_eq!(run.worker, "fast", "{run:?}");
     assert_eq!(run.result, b"attempt 2");
     slow.abort();
     fast.abort();

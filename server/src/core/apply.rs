@@ -24,13 +24,7 @@ pub enum Effect {
     /// A wheel entry was added; the leader loads it if inside its horizon.
     Scheduled(WheelKey),
     /// A run attempt waits for a worker.
-    Ready {
-        run: RunId,
-        attempt: u32,
-        group: String,
-        priority: u8,
-        timeout_ms: u64,
-    },
+    Ready(ReadyRun),
     /// A run attempt ended: release its worker slot and lease.
     Ended { run: RunId, attempt: u32 },
     /// Tell the worker holding this attempt to stop.
@@ -50,6 +44,7 @@ pub fn apply<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
         o: Overlay::new(view),
         effects: Vec::new(),
         now: 0,
+        widths: &[],
     };
     tx.now = tx.advance_time(command_time(cmd));
     match tx.run(cmd) {
@@ -93,6 +88,8 @@ struct Tx<'a, V: StateView + ?Sized> {
     o: Overlay<'a, V>,
     effects: Vec<Effect>,
     now: i64,
+    /// Connected workers per group, from the Fire or Trigger command (for broadcast).
+    widths: &'a [(String, u32)],
 }
 
 fn get<T: DeserializeOwned, V: StateView + ?Sized>(v: &V, key: &[u8]) -> Option<T> {
@@ -101,7 +98,7 @@ fn get<T: DeserializeOwned, V: StateView + ?Sized>(v: &V, key: &[u8]) -> Option<
         .map(|b| decode(&b).expect("corrupt replicated state value"))
 }
 
-impl<V: StateView + ?Sized> Tx<'_, V> {
+impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn advance_time(&mut self, cmd_now: i64) -> i64 {
         let prev = state_time(&self.o);
         let now = prev.max(cmd_now);
@@ -111,7 +108,7 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
         now
     }
 
-    fn run(&mut self, cmd: &Command) -> Result<Response, CommandError> {
+    fn run(&mut self, cmd: &'a Command) -> Result<Response, CommandError> {
         match cmd {
             Command::CreateJob { spec, .. } => self.create_job(spec).map(Response::Job),
             Command::UpdateJob {
@@ -122,12 +119,46 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
             Command::DeleteJob { id, .. } => self.delete_job(id).map(Response::Deleted),
             Command::PauseJob { id, .. } => self.pause_job(id).map(Response::Job),
             Command::ResumeJob { id, .. } => self.resume_job(id).map(Response::Job),
-            Command::TriggerJob { id, .. } => self.trigger_job(id).map(Response::Run),
-            Command::Fire { keys, .. } => self.fire(keys),
+            Command::TriggerJob { id, widths, .. } => {
+                self.set_widths(widths)?;
+                self.trigger_job(id).map(Response::Run)
+            }
+            Command::Fire { keys, widths, .. } => {
+                self.set_widths(widths)?;
+                self.fire(keys)
+            }
             Command::Assign { assignments, .. } => Ok(self.assign(assignments)),
             Command::Finish { reports, .. } => self.finish_all(reports),
             Command::Expire { expired, .. } => Ok(self.expire_all(expired)),
             Command::RetryRun { run, .. } => self.retry_run(run).map(Response::Run),
+        }
+    }
+
+    fn set_widths(&mut self, widths: &'a [(String, u32)]) -> Result<(), CommandError> {
+        if widths.len() > limits::WIDTHS_MAX {
+            return Err(CommandError::Invalid(format!(
+                "widths: at most {} groups, got {}",
+                limits::WIDTHS_MAX,
+                widths.len()
+            )));
+        }
+        self.widths = widths;
+        Ok(())
+    }
+
+    /// Runs one occurrence of `job` creates: its shards, or one per worker
+    /// connected at fire time for broadcast (at least one, so the occurrence
+    /// is recorded and waits for a worker).
+    fn fanout(&self, job: &Job) -> u32 {
+        match job.policy.fanout {
+            Fanout::One => 1,
+            Fanout::Shards(n) => n.clamp(1, limits::SHARDS_MAX),
+            Fanout::Broadcast => self
+                .widths
+                .iter()
+                .find(|(g, _)| *g == job.group)
+                .map_or(1, |(_, n)| *n)
+                .clamp(1, limits::BROADCAST_MAX),
         }
     }
 
@@ -150,16 +181,16 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
         if run.state.is_terminal() {
             self.o.delete(keys::active(&run.id));
         } else {
-            let job_timeout = self
-                .job(&run.id.job)
-                .map(|j| j.policy.timeout_ms)
-                .unwrap_or(limits::DEFAULT_TIMEOUT_MS);
+            let policy = self.job(&run.id.job).map(|j| j.policy).unwrap_or_default();
             let active = ActiveRun {
                 group: run.group.clone(),
                 priority: run.priority,
                 state: run.state,
                 attempt: run.attempt,
-                timeout_ms: job_timeout,
+                timeout_ms: policy.timeout_ms,
+                route: policy.route,
+                worker: run.worker.clone(),
+                shard_count: run.shard_count,
             };
             self.put(keys::active(&run.id), &active);
         }
@@ -343,9 +374,7 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
                 self.put(keys::job(&job.id), &job);
                 Ok(true)
             }
-            EntryKind::Retry => {
-                Ok(self.fire_retry(&RunId::new(&key.job, key.scheduled_at_ms), key.fire_at_ms))
-            }
+            EntryKind::Retry => Ok(self.fire_retry(&key.run_id(), key.fire_at_ms)),
         }
     }
 
@@ -403,22 +432,21 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
     }
 
     fn ready(&mut self, run: &Run) {
-        let timeout_ms = self
-            .job(&run.id.job)
-            .map(|j| j.policy.timeout_ms)
-            .unwrap_or(limits::DEFAULT_TIMEOUT_MS);
-        self.effects.push(Effect::Ready {
+        let policy = self.job(&run.id.job).map(|j| j.policy).unwrap_or_default();
+        self.effects.push(Effect::Ready(ReadyRun {
             run: run.id.clone(),
             attempt: run.attempt,
             group: run.group.clone(),
             priority: run.priority,
-            timeout_ms,
-        });
+            timeout_ms: policy.timeout_ms,
+            route: policy.route,
+            shard_count: run.shard_count,
+        }));
     }
 
-    fn new_run(&self, job: &Job, scheduled: i64, state: RunState, note: String) -> Run {
+    fn new_run(&self, job: &Job, id: RunId, shards: u32, state: RunState, note: String) -> Run {
         Run {
-            id: RunId::new(&job.id, scheduled),
+            id,
             group: job.group.clone(),
             priority: job.policy.priority,
             fired_at_ms: self.now,
@@ -431,18 +459,22 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
             error: String::new(),
             note,
             retry_at_ms: None,
+            shard_count: shards,
         }
     }
 
+    /// One `skipped` record (shard 0) stands for the whole occurrence.
     fn record_skipped(&mut self, job: &Job, scheduled: i64, note: String) {
-        if self.run_rec(&RunId::new(&job.id, scheduled)).is_none() {
-            let run = self.new_run(job, scheduled, RunState::Skipped, note);
+        let id = RunId::new(&job.id, scheduled);
+        if self.run_rec(&id).is_none() {
+            let run = self.new_run(job, id, 1, RunState::Skipped, note);
             self.save_run(&run);
         }
     }
 
-    /// Starts a run of the occurrence, honouring the overlap policy. The
-    /// `(job, scheduled)` pair is unique: an existing record wins.
+    /// Starts the runs of the occurrence (one per shard), honouring the
+    /// overlap policy. The `(job, scheduled)` pair is unique: an existing
+    /// record of shard 0 means the occurrence already happened, and wins.
     fn start_run(&mut self, job: &mut Job, scheduled: i64, note: String) {
         if self.run_rec(&RunId::new(&job.id, scheduled)).is_some() {
             return;
@@ -472,16 +504,21 @@ impl<V: StateView + ?Sized> Tx<'_, V> {
                 }
             }
         }
-        let run = self.new_run(job, scheduled, RunState::Pending, note);
-        job.active_runs += 1;
-        self.ready(&run);
-        self.save_run(&run);
+        let shards = self.fanout(job);
+        for shard in 0..shards {
+            let id = RunId::shard(&job.id, scheduled, shard);
+            let run = self.new_run(job, id, shards, RunState::Pending, note.clone());
+            self.ready(&run);
+            self.save_run(&run);
+        }
+        job.active_runs += shards;
     }
 
     fn cancel_active_runs(&mut self, job: &mut Job, why: &str) {
-        let prefix = keys::active(&RunId::new(&job.id, i64::MIN));
-        let end = keys::active(&RunId::new(&job.id, i64::MAX));
-        let active = self.o.range(&prefix[..prefix.len() - 8], &end, usize::MAX);
+        let prefix = keys::active_of(&job.id);
+        let active = self
+            .o
+            .range(&prefix, &keys::prefix_end(&prefix), usize::MAX);
         for (k, _) in active {
             let Some(id) = keys::run_id_from(&k) else {
                 continue;

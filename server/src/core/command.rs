@@ -30,15 +30,19 @@ pub enum Command {
         id: String,
         now_ms: i64,
     },
-    /// Fires the job once at `now_ms`, outside its schedule.
+    /// Fires the job once at `now_ms`, outside its schedule. `widths` as in `Fire`.
     TriggerJob {
         id: String,
         now_ms: i64,
+        widths: Vec<(String, u32)>,
     },
     /// A batch of due wheel keys. Keys not due at `now_ms` or no longer present are skipped.
+    /// `widths`: workers of each group connected to the leader at proposal,
+    /// the run count of a broadcast occurrence (apply cannot know who is connected).
     Fire {
         now_ms: i64,
         keys: Vec<WheelKey>,
+        widths: Vec<(String, u32)>,
     },
     /// Records that the leader handed attempts to workers.
     Assign {

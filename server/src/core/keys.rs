@@ -18,8 +18,9 @@ pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 /// Largest `now` any applied command carried: state-machine time never goes back.
 pub const META_TIME: &[u8] = b"mtime";
 
-/// On-disk format version of the state space.
-pub const STATE_VERSION: u32 = 1;
+/// On-disk format version of the state space. 2: run ids and retry
+/// entries carry a shard; policies carry route and fan-out.
+pub const STATE_VERSION: u32 = 2;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()
@@ -42,11 +43,12 @@ pub fn job_id_from(key: &[u8]) -> Option<&str> {
 }
 
 pub fn wheel(k: &WheelKey) -> Vec<u8> {
-    let mut v = Vec::with_capacity(18 + k.job.len());
+    let mut v = Vec::with_capacity(22 + k.job.len());
     v.push(WHEEL);
     v.extend_from_slice(&time_bytes(k.fire_at_ms));
     v.push(k.kind as u8);
     v.extend_from_slice(&time_bytes(k.scheduled_at_ms));
+    v.extend_from_slice(&k.shard.to_be_bytes());
     v.extend_from_slice(k.job.as_bytes());
     v
 }
@@ -60,12 +62,14 @@ pub fn wheel_from(key: &[u8]) -> Option<WheelKey> {
         _ => return None,
     };
     let scheduled_at_ms = time_from(rest.get(9..)?)?;
-    let job = std::str::from_utf8(rest.get(17..)?).ok()?.to_string();
+    let shard = u32::from_be_bytes(rest.get(17..21)?.try_into().ok()?);
+    let job = std::str::from_utf8(rest.get(21..)?).ok()?.to_string();
     Some(WheelKey {
         fire_at_ms,
         kind,
         job,
         scheduled_at_ms,
+        shard,
     })
 }
 
@@ -76,14 +80,17 @@ pub fn wheel_upto(t: i64) -> Vec<u8> {
     v
 }
 
+/// `prefix, len(job), job, scheduled_at (8, time order), shard (4, big-endian)`:
+/// one job's runs sort by (scheduled_at, shard).
 fn run_like(prefix: u8, id: &RunId) -> Vec<u8> {
     let mut v = run_prefix_with(prefix, &id.job);
     v.extend_from_slice(&time_bytes(id.scheduled_at_ms));
+    v.extend_from_slice(&id.shard.to_be_bytes());
     v
 }
 
 fn run_prefix_with(prefix: u8, job: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(10 + job.len());
+    let mut v = Vec::with_capacity(14 + job.len());
     v.push(prefix);
     // Ids are at most 128 bytes (validated), so the length fits one byte and
     // one job's runs form a contiguous range.
@@ -100,9 +107,27 @@ pub fn active(id: &RunId) -> Vec<u8> {
     run_like(ACTIVE, id)
 }
 
-/// Prefix of all runs of `job`, in scheduled-time order.
+/// Prefix of all runs of `job`, in (scheduled time, shard) order.
 pub fn runs_of(job: &str) -> Vec<u8> {
     run_prefix_with(RUN, job)
+}
+
+/// Prefix of the active runs of `job`.
+pub fn active_of(job: &str) -> Vec<u8> {
+    run_prefix_with(ACTIVE, job)
+}
+
+/// Exclusive upper bound of the keys under `prefix`, which is never all 0xff here
+/// (it starts with a one-byte key space prefix below 0xff).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            break;
+        }
+    }
+    end
 }
 
 /// Decodes a run or active-run key.
@@ -110,7 +135,8 @@ pub fn run_id_from(key: &[u8]) -> Option<RunId> {
     let len = *key.get(1)? as usize;
     let job = std::str::from_utf8(key.get(2..2 + len)?).ok()?;
     let t = time_from(key.get(2 + len..)?)?;
-    Some(RunId::new(job, t))
+    let shard = u32::from_be_bytes(key.get(10 + len..14 + len)?.try_into().ok()?);
+    Some(RunId::shard(job, t, shard))
 }
 
 #[cfg(test)]
@@ -146,5 +172,47 @@ mod tests {
         assert!(r1.starts_with(&runs_of("a")) && r2.starts_with(&runs_of("a")));
         assert!(!other.starts_with(&runs_of("a")));
         assert_eq!(run_id_from(&r2), Some(RunId::new("a", 20)));
+    }
+
+    #[test]
+    fn shards_sort_after_their_occurrence_and_before_the_next_one() {
+        let keys: Vec<Vec<u8>> = [
+            RunId::new("a", 10),
+            RunId::shard("a", 10, 1),
+            RunId::shard("a", 10, 300),
+            RunId::new("a", 11),
+        ]
+        .iter()
+        .map(run)
+        .collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(run_id_from(&keys[2]), Some(RunId::shard("a", 10, 300)));
+        let r = WheelKey::retry(&RunId::shard("a", 10, 7), 99);
+        assert_eq!(wheel_from(&wheel(&r)), Some(r.clone()));
+        assert_eq!(r.run_id(), RunId::shard("a", 10, 7));
+        assert!(active(&RunId::shard("a", 10, 7)).starts_with(&active_of("a")));
+        assert!(active(&RunId::new("ab", 1)) >= prefix_end(&active_of("a")));
+    }
+
+    #[test]
+    fn run_ids_have_one_text_form() {
+        let id = RunId::shard("job-1", 1_700_000_000_000, 3);
+        assert_eq!(id.to_string(), "job-1@1700000000000/s3");
+        assert_eq!(RunId::parse("job-1@1700000000000/s3"), Some(id));
+        assert_eq!(
+            RunId::parse("job-1@1700000000000"),
+            Some(RunId::new("job-1", 1_700_000_000_000))
+        );
+        for bad in [
+            "job-1@5/s0",
+            "job-1@5/s",
+            "job-1@5/s+1",
+            "job-1@05",
+            "@5",
+            "job-1@5#2",
+            "job-1",
+        ] {
+            assert_eq!(RunId::parse(bad), None, "{bad}");
+        }
     }
 }

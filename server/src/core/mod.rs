@@ -8,6 +8,7 @@ pub mod apply;
 pub mod codec;
 pub mod command;
 pub mod keys;
+pub mod query;
 pub mod schedule;
 #[cfg(test)]
 mod tests;

@@ -75,6 +75,7 @@ fn trigger(id: &str, now_ms: i64) -> Command {
     Command::TriggerJob {
         id: id.into(),
         now_ms,
+        widths: vec![],
     }
 }
 
@@ -87,13 +88,15 @@ fn update(spec: JobSpec, expected_revision: u64, now_ms: i64) -> Command {
 }
 
 fn ready(run: &RunId, attempt: u32, timeout_ms: u64) -> Effect {
-    Effect::Ready {
+    Effect::Ready(ReadyRun {
         run: run.clone(),
         attempt,
         group: "g".into(),
         priority: limits::DEFAULT_PRIORITY,
         timeout_ms,
-    }
+        route: Route::LeastLoaded,
+        shard_count: 1,
+    })
 }
 
 fn invalid_msg(a: &Applied) -> &str {
@@ -147,7 +150,11 @@ impl Sim {
     }
 
     fn fire(&mut self, now_ms: i64, keys: Vec<WheelKey>) -> Applied {
-        self.exec(Command::Fire { now_ms, keys })
+        self.exec(Command::Fire {
+            now_ms,
+            keys,
+            widths: vec![],
+        })
     }
 
     /// Proposes everything due, as the leader would.
@@ -545,6 +552,7 @@ fn commands_on_an_unknown_job_are_not_found_without_writes() {
         Command::TriggerJob {
             id: id.clone(),
             now_ms,
+            widths: vec![],
         },
     ] {
         assert_refused(&sim.exec(cmd), CommandError::NotFound(id.clone()));
@@ -602,17 +610,19 @@ fn history(sim: &mut Sim) -> Vec<Applied> {
             45 => Command::Fire {
                 now_ms: T0,
                 keys: sim.due(now + 250),
+                widths: vec![],
             },
             _ => Command::Fire {
                 now_ms: now,
                 keys: vec![],
+                widths: vec![],
             },
         };
         out.push(sim.exec(extra));
         for a in &out[from..] {
             for e in &a.effects {
-                if let Effect::Ready { run, attempt, .. } = e {
-                    ready.push((run.clone(), *attempt));
+                if let Effect::Ready(r) = e {
+                    ready.push((r.run.clone(), r.attempt));
                 }
             }
         }
@@ -978,4 +988,151 @@ fn update_keeping_a_past_at_schedule_is_accepted() {
     assert!(matches!(a.response, Response::Job(_)), "{:?}", a.response);
     assert_eq!(sim.job("a").payload, b"new".to_vec());
     assert_eq!(sim.job("a").next_fire_at_ms, None);
+}
+
+// ------------------------------------------------------------------ shards and broadcast
+
+fn with_fanout(mut s: JobSpec, fanout: Fanout) -> JobSpec {
+    s.policy.fanout = fanout;
+    s
+}
+
+fn ready_runs(a: &Applied) -> Vec<RunId> {
+    a.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Ready(r) => Some(r.run.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_sharded_occurrence_creates_one_run_per_shard_each_retried_alone() {
+    let mut s = with_fanout(every("sh", 1000), Fanout::Shards(4));
+    s.policy.max_attempts = 2;
+    let mut sim = sim_with(s);
+    let a = sim.fire_due(T0 + 1000);
+    assert_eq!(a.response, fired(1, 0));
+    let want: Vec<RunId> = (0..4).map(|i| RunId::shard("sh", T0 + 1000, i)).collect();
+    assert_eq!(ready_runs(&a), want);
+    for id in &want {
+        let r = sim.run(id);
+        assert_eq!((r.state, r.shard_count), (RunState::Pending, 4), "{id}");
+    }
+    assert_eq!(sim.job("sh").active_runs, 4);
+    // Shard 2 fails: only it waits for a retry; the others are untouched.
+    let a = sim.finish(T0 + 1100, report(&want[2], 1, false, 0));
+    assert_eq!(a.response, Response::Batch(vec![Ok(())]));
+    let retry = retry_entry(&sim);
+    assert_eq!(retry.run_id(), want[2]);
+    let a = sim.fire(retry.fire_at_ms, vec![retry.clone()]);
+    assert_eq!(ready_runs(&a), vec![want[2].clone()]);
+    assert_eq!(sim.run(&want[2]).attempt, 2);
+    assert_eq!(sim.run(&want[1]).attempt, 1);
+    // Deleting the job cancels every active shard.
+    sim.exec(Command::DeleteJob {
+        id: "sh".into(),
+        now_ms: T0 + 1200,
+    });
+    for id in &want {
+        assert_eq!(sim.run(id).state, RunState::Cancelled, "{id}");
+    }
+    assert!(sim.active_runs("sh").is_empty());
+}
+
+#[test]
+fn broadcast_width_comes_from_the_fire_command_so_replicas_agree() {
+    let spec = with_fanout(every("bc", 1000), Fanout::Broadcast);
+    let fire = |widths: Vec<(String, u32)>| Command::Fire {
+        now_ms: T0 + 1000,
+        keys: vec![occ("bc", T0 + 1000)],
+        widths,
+    };
+    let mut a = sim_with(spec.clone());
+    let mut b = sim_with(spec.clone());
+    let widths = vec![("g".to_string(), 3), ("other".to_string(), 9)];
+    let ra = a.exec(fire(widths.clone()));
+    let rb = b.exec(fire(widths));
+    assert_eq!(ra, rb);
+    assert_eq!(a.view, b.view);
+    assert_eq!(ready_runs(&ra).len(), 3);
+    assert_eq!(a.run(&RunId::shard("bc", T0 + 1000, 2)).shard_count, 3);
+    // No connected worker: one run still records the occurrence and waits.
+    let mut c = sim_with(spec);
+    assert_eq!(
+        ready_runs(&c.exec(fire(vec![]))),
+        vec![rid("bc", T0 + 1000)]
+    );
+}
+
+#[test]
+fn forbid_skips_the_next_occurrence_while_any_shard_is_active() {
+    let spec = with_overlap(
+        with_fanout(every("f", 1000), Fanout::Shards(2)),
+        Overlap::Forbid,
+    );
+    let mut sim = sim_with(spec);
+    sim.fire_due(T0 + 1000);
+    sim.finish(
+        T0 + 1500,
+        report(&RunId::shard("f", T0 + 1000, 0), 1, true, 0),
+    );
+    let a = sim.fire_due(T0 + 2000);
+    assert!(ready_runs(&a).is_empty(), "shard 1 is still active");
+    let skipped = sim.run(&rid("f", T0 + 2000));
+    assert_eq!(skipped.state, RunState::Skipped);
+    assert!(skipped.note.contains("overlap forbid"), "{skipped:?}");
+    sim.finish(
+        T0 + 2500,
+        report(&RunId::shard("f", T0 + 1000, 1), 1, true, 0),
+    );
+    assert_eq!(ready_runs(&sim.fire_due(T0 + 3000)).len(), 2);
+}
+
+#[test]
+fn runs_after_pages_through_shards_without_skipping_any() {
+    let mut sim = sim_with(with_fanout(every("p", 1000), Fanout::Shards(3)));
+    sim.fire_due(T0 + 1000);
+    sim.fire_due(T0 + 2000);
+    let mut seen = Vec::new();
+    let mut after: Option<RunId> = None;
+    loop {
+        let page = query::runs_after(&sim.view, "p", after.as_ref(), 2);
+        seen.extend(page.iter().map(|r| r.id.clone()));
+        match page.last() {
+            Some(last) if page.len() == 2 => after = Some(last.id.clone()),
+            _ => break,
+        }
+    }
+    let want: Vec<RunId> = [T0 + 1000, T0 + 2000]
+        .iter()
+        .flat_map(|t| (0..3).map(move |i| RunId::shard("p", *t, i)))
+        .collect();
+    assert_eq!(seen, want);
+}
+
+#[test]
+fn manual_retry_of_a_finished_run_starts_its_next_attempt_and_refuses_an_active_one() {
+    let mut sim = sim_with(every("m", 1000));
+    sim.fire_due(T0 + 1000);
+    let id = rid("m", T0 + 1000);
+    let retry = || Command::RetryRun {
+        run: rid("m", T0 + 1000),
+        now_ms: T0 + 1500,
+    };
+    let a = sim.exec(retry());
+    assert!(
+        matches!(&a.response, Response::Error(CommandError::FailedPrecondition(m)) if m.contains("only a finished run")),
+        "{:?}",
+        a.response
+    );
+    assert_nothing_done(&a);
+    sim.finish(T0 + 1200, report(&id, 1, true, 0));
+    let a = sim.exec(retry());
+    assert_eq!(ready_runs(&a), vec![id.clone()]);
+    assert_eq!(
+        (sim.run(&id).state, sim.run(&id).attempt),
+        (RunState::Pending, 2)
+    );
 }

@@ -30,6 +30,57 @@ pub mod limits {
     pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
     pub const DEFAULT_BACKOFF_MS: u64 = 1_000;
     pub const DEFAULT_PRIORITY: u8 = 5;
+    /// Runs per occurrence of a sharded job.
+    pub const SHARDS_MAX: u32 = 1024;
+    /// Runs per occurrence of a broadcast job (one per connected worker).
+    pub const BROADCAST_MAX: u32 = 1024;
+    /// Label pairs in a job's selector.
+    pub const SELECTOR_MAX: usize = 16;
+    /// Bytes of one label key or value.
+    pub const LABEL_MAX_BYTES: usize = 128;
+    /// Groups listed with their worker counts in one Fire or Trigger command.
+    pub const WIDTHS_MAX: usize = 65_536;
+}
+
+/// How the dispatcher picks a worker of the job's group for each attempt.
+/// Routing is leader-only work: it never changes what apply decides.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Route {
+    /// The free worker with the fewest attempts in flight.
+    #[default]
+    LeastLoaded,
+    /// Free workers in turn (per group, in connection order).
+    RoundRobin,
+    /// Rendezvous hashing of the job id (and shard) over the group's
+    /// connected worker ids: a job keeps its worker while that worker is
+    /// connected, and only the jobs of a worker that leaves move.
+    ConsistentHash,
+    /// Only workers whose Hello labels contain every pair; least loaded among them.
+    Label(std::collections::BTreeMap<String, String>),
+}
+
+impl Route {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Route::LeastLoaded => "least-loaded",
+            Route::RoundRobin => "round-robin",
+            Route::ConsistentHash => "consistent-hash",
+            Route::Label(_) => "label",
+        }
+    }
+}
+
+/// How many runs one occurrence creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Fanout {
+    /// One run.
+    #[default]
+    One,
+    /// `n` runs with shard indexes `0..n` (1 ≤ n ≤ 1024).
+    Shards(u32),
+    /// One run per worker of the group connected at fire time; the leader
+    /// puts that count into the Fire command, so apply stays deterministic.
+    Broadcast,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -107,6 +158,8 @@ pub struct Policy {
     pub backoff_ms: u64,
     pub priority: u8,
     pub overlap: Overlap,
+    pub route: Route,
+    pub fanout: Fanout,
 }
 
 impl Default for Policy {
@@ -119,6 +172,8 @@ impl Default for Policy {
             backoff_ms: limits::DEFAULT_BACKOFF_MS,
             priority: limits::DEFAULT_PRIORITY,
             overlap: Overlap::Allow,
+            route: Route::LeastLoaded,
+            fanout: Fanout::One,
         }
     }
 }
@@ -152,33 +207,52 @@ pub struct Job {
     pub buffered_at_ms: Option<i64>,
 }
 
-/// Identity of a run: one occurrence of a job. The pair is unique, so a
-/// second fire of the same occurrence is impossible by construction.
+/// Identity of a run: one shard of one occurrence of a job. The triple is
+/// unique, so a second fire of the same occurrence is impossible by
+/// construction. Unsharded jobs only have shard 0.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RunId {
     pub job: String,
     pub scheduled_at_ms: i64,
+    pub shard: u32,
 }
 
 impl RunId {
     pub fn new(job: &str, scheduled_at_ms: i64) -> Self {
+        Self::shard(job, scheduled_at_ms, 0)
+    }
+
+    pub fn shard(job: &str, scheduled_at_ms: i64, shard: u32) -> Self {
         RunId {
             job: job.to_string(),
             scheduled_at_ms,
+            shard,
         }
     }
 
-    /// Parses the text form `<job>@<scheduled_at_ms>`.
+    /// Parses the text form `<job>@<scheduled_at_ms>` (shard 0) or
+    /// `<job>@<scheduled_at_ms>/s<shard>`. Job ids cannot contain `@` or `/`,
+    /// and the fencing token appends `#<attempt>`, so all three stay unambiguous.
+    /// Only the canonical form parses (no `/s0`, `+1` or leading zeros), so
+    /// one run has one name.
     pub fn parse(s: &str) -> Option<RunId> {
-        let (job, at) = s.rsplit_once('@')?;
-        let scheduled_at_ms = at.parse().ok()?;
-        (!job.is_empty()).then(|| RunId::new(job, scheduled_at_ms))
+        let (job, rest) = s.rsplit_once('@')?;
+        let (at, shard) = match rest.split_once("/s") {
+            Some((at, shard)) => (at, shard.parse().ok()?),
+            None => (rest, 0),
+        };
+        let id = RunId::shard(job, at.parse().ok()?, shard);
+        (!job.is_empty() && id.to_string() == s).then_some(id)
     }
 }
 
 impl std::fmt::Display for RunId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}", self.job, self.scheduled_at_ms)
+        write!(f, "{}@{}", self.job, self.scheduled_at_ms)?;
+        if self.shard != 0 {
+            write!(f, "/s{}", self.shard)?;
+        }
+        Ok(())
     }
 }
 
@@ -242,6 +316,8 @@ pub struct Run {
     pub note: String,
     /// When a RetryWait run's next attempt is due (its one live Retry entry).
     pub retry_at_ms: Option<i64>,
+    /// Runs of this occurrence (1 unless sharded or broadcast); `id.shard` is below it.
+    pub shard_count: u32,
 }
 
 /// What kind of timer a wheel entry is.
@@ -260,6 +336,8 @@ pub struct WheelKey {
     pub kind: EntryKind,
     /// For retries: the run's scheduled time. For occurrences: equal to fire_at_ms.
     pub scheduled_at_ms: i64,
+    /// For retries: the run's shard. For occurrences: 0.
+    pub shard: u32,
     /// Last, so the derived order equals the byte order of the encoded key.
     pub job: String,
 }
@@ -271,6 +349,7 @@ impl WheelKey {
             kind: EntryKind::Occurrence,
             job: job.to_string(),
             scheduled_at_ms: at_ms,
+            shard: 0,
         }
     }
 
@@ -280,7 +359,13 @@ impl WheelKey {
             kind: EntryKind::Retry,
             job: run.job.clone(),
             scheduled_at_ms: run.scheduled_at_ms,
+            shard: run.shard,
         }
+    }
+
+    /// The run a retry entry belongs to.
+    pub fn run_id(&self) -> RunId {
+        RunId::shard(&self.job, self.scheduled_at_ms, self.shard)
     }
 }
 
@@ -292,4 +377,22 @@ pub struct ActiveRun {
     pub state: RunState,
     pub attempt: u32,
     pub timeout_ms: u64,
+    pub route: Route,
+    /// Worker of the current attempt as last recorded (empty until assigned),
+    /// so a new leader can still steer the retry of an expired attempt elsewhere.
+    pub worker: String,
+    pub shard_count: u32,
+}
+
+/// A run attempt that waits for a worker: what the dispatcher needs to queue and route it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadyRun {
+    pub run: RunId,
+    pub attempt: u32,
+    pub group: String,
+    pub priority: u8,
+    pub timeout_ms: u64,
+    pub route: Route,
+    /// Runs of the occurrence: above 1 the dispatcher spreads them over workers.
+    pub shard_count: u32,
 }

@@ -4,7 +4,7 @@
 
 use super::command::CommandError;
 use super::schedule::Schedule;
-use super::types::{limits, JobSpec, ScheduleInput};
+use super::types::{limits, Fanout, JobSpec, Overlap, Policy, Route, ScheduleInput};
 
 const TEN_YEARS_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
 
@@ -95,7 +95,13 @@ pub fn job_spec_with(
     policy(&spec.policy)
 }
 
-fn policy(p: &super::types::Policy) -> Result<(), CommandError> {
+fn policy(p: &Policy) -> Result<(), CommandError> {
+    priority_and_retries(p)?;
+    route(&p.route)?;
+    fanout(p)
+}
+
+fn priority_and_retries(p: &Policy) -> Result<(), CommandError> {
     if !(1..=10).contains(&p.priority) {
         return Err(invalid(format!(
             "priority: must be between 1 and 10, got {}",
@@ -126,6 +132,59 @@ fn policy(p: &super::types::Policy) -> Result<(), CommandError> {
             "misfire_grace: at most 10 years, got {} ms",
             p.misfire_grace_ms
         )));
+    }
+    Ok(())
+}
+
+/// A label selector: 1 to 16 pairs, each key and value a name of at most 128 bytes.
+fn route(r: &Route) -> Result<(), CommandError> {
+    let Route::Label(selector) = r else {
+        return Ok(());
+    };
+    if selector.is_empty() || selector.len() > limits::SELECTOR_MAX {
+        return Err(invalid(format!(
+            "labels: route label needs 1 to {} key=value pairs, got {}",
+            limits::SELECTOR_MAX,
+            selector.len()
+        )));
+    }
+    for (k, v) in selector {
+        name("labels (key)", k, limits::LABEL_MAX_BYTES)?;
+        name("labels (value)", v, limits::LABEL_MAX_BYTES)?;
+    }
+    Ok(())
+}
+
+fn fanout(p: &Policy) -> Result<(), CommandError> {
+    match p.fanout {
+        Fanout::Shards(n) if n == 0 || n > limits::SHARDS_MAX => Err(invalid(format!(
+            "shards: must be between 1 and {}, got {n}",
+            limits::SHARDS_MAX
+        ))),
+        // The buffered occurrence starts when a Finish is applied, which
+        // carries no worker count: broadcast cannot know its width then.
+        Fanout::Broadcast if p.overlap == Overlap::BufferOne => Err(invalid(
+            "overlap: buffer-one cannot be combined with broadcast; use forbid, replace or allow"
+                .to_string(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Labels a worker announces in its Hello: at most 16, names of at most 128 bytes.
+pub fn worker_labels<'a>(
+    labels: impl ExactSizeIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), CommandError> {
+    if labels.len() > limits::SELECTOR_MAX {
+        return Err(invalid(format!(
+            "hello.labels: at most {}, got {}",
+            limits::SELECTOR_MAX,
+            labels.len()
+        )));
+    }
+    for (k, v) in labels {
+        name("hello.labels (key)", k, limits::LABEL_MAX_BYTES)?;
+        name("hello.labels (value)", v, limits::LABEL_MAX_BYTES)?;
     }
     Ok(())
 }
@@ -188,5 +247,26 @@ mod tests {
         s.policy.priority = 5;
         s.policy.max_attempts = 0;
         assert!(err(&s).starts_with("max_attempts:"));
+    }
+
+    #[test]
+    fn routing_and_fanout_rules_name_their_field() {
+        let mut s = spec();
+        s.policy.fanout = Fanout::Shards(0);
+        assert_eq!(err(&s), "shards: must be between 1 and 1024, got 0");
+        s.policy.fanout = Fanout::Shards(1025);
+        assert_eq!(err(&s), "shards: must be between 1 and 1024, got 1025");
+        s.policy.fanout = Fanout::Shards(1024);
+        assert!(job_spec(&s, 1_000_000).is_ok());
+        s.policy.fanout = Fanout::Broadcast;
+        s.policy.overlap = Overlap::BufferOne;
+        assert!(err(&s).starts_with("overlap: buffer-one cannot be combined with broadcast"));
+        let mut s = spec();
+        s.policy.route = Route::Label(Default::default());
+        assert!(err(&s).starts_with("labels: route label needs 1 to 16"));
+        s.policy.route = Route::Label([("zone".to_string(), "eu west".to_string())].into());
+        assert!(err(&s).starts_with("labels (value): character ' '"));
+        s.policy.route = Route::Label([("zone".to_string(), "eu-west".to_string())].into());
+        assert!(job_spec(&s, 1_000_000).is_ok());
     }
 }

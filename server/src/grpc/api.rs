@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
 use super::{error, forwarded, read_barrier, route};
-use crate::core::{limits, validate, Command, Response as R, RunId, Schedule};
+use crate::core::{limits, query, validate, Command, Response as R, RunId, Schedule};
 use crate::node::Node;
 
 #[derive(Clone)]
@@ -160,6 +160,7 @@ impl pb::jobs_server::Jobs for Api {
             .write(Command::TriggerJob {
                 id,
                 now_ms: self.node.clock.now_ms(),
+                widths: self.node.dispatcher.widths(),
             })
             .await?
         {
@@ -214,20 +215,14 @@ impl pb::runs_server::Runs for Api {
         let r = req.into_inner();
         Self::job_id(&r.job)?;
         let n = page_size(r.page_size)?;
-        let after = if r.after_scheduled_at_ms == 0 {
-            i64::MIN
-        } else {
-            r.after_scheduled_at_ms
-        };
-        let runs = self.node.sm.list_runs(&r.job, after, n);
-        let next = if runs.len() == n {
-            runs.last().map(|r| r.id.scheduled_at_ms).unwrap_or(0)
-        } else {
-            0
-        };
+        let after = (r.after_scheduled_at_ms != 0 || r.after_shard != 0)
+            .then(|| RunId::shard(&r.job, r.after_scheduled_at_ms, r.after_shard));
+        let runs = query::runs_after(&self.node.sm.view(), &r.job, after.as_ref(), n);
+        let next = runs.last().filter(|_| runs.len() == n).map(|r| &r.id);
         Ok(Response::new(pb::ListRunsResponse {
+            next_after_scheduled_at_ms: next.map_or(0, |id| id.scheduled_at_ms),
+            next_after_shard: next.map_or(0, |id| id.shard),
             runs: runs.iter().map(run_out).collect(),
-            next_after_scheduled_at_ms: next,
         }))
     }
 
@@ -235,11 +230,7 @@ impl pb::runs_server::Runs for Api {
         forward!(self, req, RunsClient, get_run);
         read_barrier(&self.node, &req).await?;
         let id = req.into_inner().run_id;
-        let run_id = RunId::parse(&id).ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "run_id: expected <job>@<scheduled_at_ms>, got {id:?}"
-            ))
-        })?;
+        let run_id = parse_run_id(&id)?;
         let run = self
             .node
             .sm
@@ -247,6 +238,30 @@ impl pb::runs_server::Runs for Api {
             .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
         Ok(Response::new(run_out(&run)))
     }
+
+    async fn retry_run(&self, req: Request<pb::RunRef>) -> Result<Response<pb::Run>, Status> {
+        forward!(self, req, RunsClient, retry_run);
+        let run = parse_run_id(&req.into_inner().run_id)?;
+        let cmd = Command::RetryRun {
+            run,
+            now_ms: self.node.clock.now_ms(),
+        };
+        match self.write(cmd).await? {
+            R::Run(run) => Ok(Response::new(run_out(&run))),
+            other => Err(Status::internal(format!("unexpected response {other:?}"))),
+        }
+    }
+}
+
+/// A run id in its text form, with the job id checked as an id.
+fn parse_run_id(id: &str) -> Result<RunId, Status> {
+    let run = RunId::parse(id).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "run_id: expected <job>@<scheduled_at_ms> or <job>@<scheduled_at_ms>/s<shard>, got {id:?}"
+        ))
+    })?;
+    validate::job_id(&run.job).map_err(|e| Status::invalid_argument(format!("run_id: {e}")))?;
+    Ok(run)
 }
 
 #[tonic::async_trait]

@@ -3,7 +3,9 @@
 use kairos_proto::v1 as pb;
 use tonic::Status;
 
-use crate::core::{limits, Job, JobSpec, Misfire, Overlap, Policy, Run, RunState, ScheduleInput};
+use crate::core::{
+    limits, Fanout, Job, JobSpec, Misfire, Overlap, Policy, Route, Run, RunState, ScheduleInput,
+};
 
 fn invalid(msg: impl Into<String>) -> Status {
     Status::invalid_argument(msg.into())
@@ -64,6 +66,8 @@ pub fn policy_in(s: &pb::JobSpec) -> Result<Policy, Status> {
         )));
     }
     Ok(Policy {
+        route: route_in(s)?,
+        fanout: fanout_in(s)?,
         misfire,
         misfire_grace_ms: or_default(s.misfire_grace_ms, limits::DEFAULT_GRACE_MS),
         timeout_ms: or_default(s.timeout_ms, limits::DEFAULT_TIMEOUT_MS),
@@ -72,6 +76,34 @@ pub fn policy_in(s: &pb::JobSpec) -> Result<Policy, Status> {
         priority: priority as u8,
         overlap,
     })
+}
+
+fn route_in(s: &pb::JobSpec) -> Result<Route, Status> {
+    let route = match pb::RoutePolicy::try_from(s.route) {
+        Ok(pb::RoutePolicy::Unspecified | pb::RoutePolicy::LeastLoaded) => Route::LeastLoaded,
+        Ok(pb::RoutePolicy::RoundRobin) => Route::RoundRobin,
+        Ok(pb::RoutePolicy::ConsistentHash) => Route::ConsistentHash,
+        Ok(pb::RoutePolicy::Label) => {
+            return Ok(Route::Label(s.labels.clone().into_iter().collect()));
+        }
+        Err(_) => return Err(invalid(format!("route: unknown policy value {}", s.route))),
+    };
+    if !s.labels.is_empty() {
+        return Err(invalid(format!(
+            "labels: a label selector needs route label, got route {}",
+            route.as_str()
+        )));
+    }
+    Ok(route)
+}
+
+fn fanout_in(s: &pb::JobSpec) -> Result<Fanout, Status> {
+    match (s.shards, s.broadcast) {
+        (Some(_), true) => Err(invalid("shards: give either shards or broadcast, not both")),
+        (Some(n), false) => Ok(Fanout::Shards(n)),
+        (None, true) => Ok(Fanout::Broadcast),
+        (None, false) => Ok(Fanout::One),
+    }
 }
 
 pub fn spec_in(s: Option<pb::JobSpec>) -> Result<JobSpec, Status> {
@@ -125,6 +157,16 @@ pub fn job_out(j: &Job) -> pb::Job {
         backoff_ms: p.backoff_ms,
         priority: p.priority as u32,
         overlap: overlap as i32,
+        route: route_out(&p.route) as i32,
+        labels: match &p.route {
+            Route::Label(sel) => sel.clone().into_iter().collect(),
+            _ => Default::default(),
+        },
+        shards: match p.fanout {
+            Fanout::Shards(n) => Some(n),
+            _ => None,
+        },
+        broadcast: p.fanout == Fanout::Broadcast,
     };
     pb::Job {
         spec: Some(spec),
@@ -133,6 +175,15 @@ pub fn job_out(j: &Job) -> pb::Job {
         created_at_ms: j.created_at_ms,
         updated_at_ms: j.updated_at_ms,
         next_fire_at_ms: j.next_fire_at_ms.unwrap_or(0),
+    }
+}
+
+fn route_out(r: &Route) -> pb::RoutePolicy {
+    match r {
+        Route::LeastLoaded => pb::RoutePolicy::LeastLoaded,
+        Route::RoundRobin => pb::RoutePolicy::RoundRobin,
+        Route::ConsistentHash => pb::RoutePolicy::ConsistentHash,
+        Route::Label(_) => pb::RoutePolicy::Label,
     }
 }
 
@@ -166,6 +217,8 @@ pub fn run_out(r: &Run) -> pb::Run {
             r.note.clone()
         },
         received_at_ms: r.received_at_ms,
+        shard: r.id.shard,
+        shard_count: r.shard_count,
     }
 }
 

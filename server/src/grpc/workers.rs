@@ -84,6 +84,7 @@ fn validate_hello(h: &pb::Hello) -> Result<(), Status> {
     for g in &h.groups {
         validate::name("hello.groups", g, limits::GROUP_MAX_BYTES).map_err(bad)?;
     }
+    validate::worker_labels(h.labels.iter()).map_err(bad)?;
     if h.capacity == 0 || h.capacity > CAPACITY_MAX {
         return Err(Status::invalid_argument(format!(
             "hello.capacity: must be between 1 and {CAPACITY_MAX}, got {}",
@@ -103,6 +104,7 @@ async fn run_session(
     let conn = node.dispatcher.register(
         &hello.worker_id,
         hello.groups.clone(),
+        hello.labels.clone().into_iter().collect(),
         hello.capacity as usize,
         tx,
     );
@@ -163,6 +165,8 @@ async fn send_to_worker(node: &Node, out: &Outbound, m: ToWorker) -> bool {
                 payload: job.payload,
                 deadline_ms,
                 fencing_token: format!("{run}#{attempt}"),
+                shard: run.shard,
+                shard_count: r.shard_count,
             })
         }
     };
@@ -201,7 +205,7 @@ async fn finish(node: &Node, worker: &str, f: &pb::Finish) -> pb::FinishAck {
     };
     let Some(run) = RunId::parse(&f.run_id) else {
         return refuse(format!(
-            "finish.run_id: expected <job>@<scheduled_at_ms>, got {:?}",
+            "finish.run_id: expected <job>@<scheduled_at_ms>[/s<shard>], got {:?}",
             f.run_id
         ));
     };

@@ -3,21 +3,31 @@
 //! attempt handed out. It only ever dispatches what a committed Fire (or
 //! retry) made ready: its input is the state machine's effects.
 //!
+//! Routing (per job, see [`Route`]) chooses among the group's workers:
+//! least loaded, round robin, rendezvous hashing of the job id, or label
+//! match. Whatever the route, a retry prefers a worker other than the one
+//! whose attempt just ended, and the runs of one sharded or broadcast
+//! occurrence prefer workers not already holding one of them.
+//!
 //! Invariants: never more attempts in flight to a worker than its capacity;
 //! an attempt with a live lease is not handed out again; a queue holds at
 //! most `QUEUE_MAX` attempts per group (beyond that they stay in the durable
-//! active table and are reloaded on resync).
+//! active table and are reloaded on resync); one dispatch pass looks at most
+//! `SCAN_MAX` attempts per group, so attempts no worker can take (labels,
+//! hashing) cost bounded work.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
 
 use tokio::sync::mpsc;
 
-use crate::core::{ActiveRun, RunId, RunState};
+use crate::core::{limits, ActiveRun, ReadyRun, Route, RunId, RunState};
 
 /// Most ready attempts queued in memory per group.
 pub const QUEUE_MAX: usize = 100_000;
+/// Most queued attempts one dispatch pass examines per group.
+pub const SCAN_MAX: usize = 1024;
 /// A worker that neither heartbeats nor finishes for this long loses its
 /// attempts, even before their deadline (worker SDKs heartbeat every second).
 pub const LEASE_MS: i64 = 5_000;
@@ -42,15 +52,18 @@ struct Queued {
     run: RunId,
     attempt: u32,
     timeout_ms: u64,
+    route: Route,
+    shard_count: u32,
 }
 
 impl Ord for Queued {
-    // Highest priority first, then earliest scheduled time.
+    // Highest priority first, then earliest scheduled time, then lowest shard.
     fn cmp(&self, other: &Self) -> Ordering {
         self.priority
             .cmp(&other.priority)
             .then_with(|| other.run.scheduled_at_ms.cmp(&self.run.scheduled_at_ms))
             .then_with(|| other.run.job.cmp(&self.run.job))
+            .then_with(|| other.run.shard.cmp(&self.run.shard))
     }
 }
 
@@ -63,9 +76,32 @@ impl PartialOrd for Queued {
 struct Worker {
     id: String,
     groups: Vec<String>,
+    labels: BTreeMap<String, String>,
     capacity: usize,
     in_flight: HashSet<RunId>,
     tx: mpsc::Sender<ToWorker>,
+}
+
+impl Worker {
+    fn serves(&self, group: &str, route: &Route) -> bool {
+        let labels_match = match route {
+            Route::Label(sel) => sel.iter().all(|(k, v)| self.labels.get(k) == Some(v)),
+            _ => true,
+        };
+        labels_match && self.groups.iter().any(|g| g == group)
+    }
+
+    fn is_free(&self) -> bool {
+        self.in_flight.len() < self.capacity
+    }
+
+    /// Whether this worker holds another run of the same occurrence.
+    fn holds_sibling(&self, q: &Queued) -> bool {
+        q.shard_count > 1
+            && self.in_flight.iter().any(|r| {
+                r.job == q.run.job && r.scheduled_at_ms == q.run.scheduled_at_ms && *r != q.run
+            })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +112,9 @@ struct Lease {
     /// Liveness: extended by heartbeats.
     lease_until_ms: i64,
     conn: Option<u64>,
+    /// Worker id holding the attempt, kept even when its stream drops so
+    /// the retry can still avoid it.
+    worker: String,
     expiring: bool,
 }
 
@@ -87,6 +126,8 @@ struct State {
     leases: HashMap<RunId, Lease>,
     /// Worker that held a run's last ended attempt: its retry goes elsewhere if it can.
     prev_worker: HashMap<RunId, String>,
+    /// Round robin: the connection each group handed its last attempt to.
+    rr_last: HashMap<String, u64>,
     next_conn: u64,
 }
 
@@ -121,6 +162,7 @@ impl Dispatcher {
         &self,
         id: &str,
         groups: Vec<String>,
+        labels: BTreeMap<String, String>,
         capacity: usize,
         tx: mpsc::Sender<ToWorker>,
     ) -> u64 {
@@ -130,6 +172,7 @@ impl Dispatcher {
         let w = Worker {
             id: id.to_string(),
             groups,
+            labels,
             capacity,
             in_flight: HashSet::new(),
             tx,
@@ -151,39 +194,61 @@ impl Dispatcher {
         }
     }
 
+    /// Workers connected per group (distinct worker ids), in group order:
+    /// the width of a broadcast occurrence fired now. Bounded by `WIDTHS_MAX` groups.
+    pub fn widths(&self) -> Vec<(String, u32)> {
+        let s = self.lock();
+        let mut ids: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for w in s.workers.values().filter(|w| w.capacity > 0) {
+            for g in &w.groups {
+                ids.entry(g).or_default().insert(&w.id);
+            }
+        }
+        ids.into_iter()
+            .take(limits::WIDTHS_MAX)
+            .map(|(g, ids)| (g.to_string(), ids.len() as u32))
+            .collect()
+    }
+
     /// A committed attempt is ready for a worker.
-    pub fn ready(&self, run: RunId, attempt: u32, group: &str, priority: u8, timeout_ms: u64) {
+    pub fn ready(&self, r: ReadyRun) {
         let mut s = self.lock();
-        if s.leases.get(&run).is_some_and(|l| l.attempt >= attempt) || s.queued.contains(&run) {
+        if s.leases.get(&r.run).is_some_and(|l| l.attempt >= r.attempt) || s.queued.contains(&r.run)
+        {
             return;
         }
-        let q = s.queues.entry(group.to_string()).or_default();
+        let q = s.queues.entry(r.group).or_default();
         if q.len() >= QUEUE_MAX {
             return;
         }
         q.push(Queued {
-            priority,
-            run: run.clone(),
-            attempt,
-            timeout_ms,
+            priority: r.priority,
+            run: r.run.clone(),
+            attempt: r.attempt,
+            timeout_ms: r.timeout_ms,
+            route: r.route,
+            shard_count: r.shard_count,
         });
-        s.queued.insert(run);
+        s.queued.insert(r.run);
     }
 
     /// An attempt ended (finished, expired, cancelled) through the log.
     pub fn ended(&self, run: &RunId, attempt: u32) {
         let mut s = self.lock();
-        if s.leases.get(run).is_some_and(|l| l.attempt <= attempt) {
-            if let Some(conn) = s.leases.remove(run).and_then(|l| l.conn) {
-                if let Some(w) = s.workers.get_mut(&conn) {
-                    w.in_flight.remove(run);
-                    let id = w.id.clone();
-                    if s.prev_worker.len() >= QUEUE_MAX {
-                        s.prev_worker.clear();
-                    }
-                    s.prev_worker.insert(run.clone(), id);
-                }
-            }
+        if s.leases.get(run).is_none_or(|l| l.attempt > attempt) {
+            return;
+        }
+        let Some(lease) = s.leases.remove(run) else {
+            return;
+        };
+        if let Some(w) = lease.conn.and_then(|c| s.workers.get_mut(&c)) {
+            w.in_flight.remove(run);
+        }
+        if s.prev_worker.len() >= QUEUE_MAX {
+            s.prev_worker.clear();
+        }
+        if !lease.worker.is_empty() {
+            s.prev_worker.insert(run.clone(), lease.worker);
         }
     }
 
@@ -203,30 +268,39 @@ impl Dispatcher {
     }
 
     /// Extends the leases of attempts a worker says it is still running.
+    /// Only the worker that holds a lease may extend or reclaim it.
     pub fn heartbeat(&self, conn: u64, runs: &[RunId], now_ms: i64) {
         let mut s = self.lock();
-        for run in runs {
-            if let Some(l) = s.leases.get_mut(run) {
-                l.lease_until_ms = now_ms.saturating_add(LEASE_MS);
-                if l.conn.is_none() {
-                    l.conn = Some(conn);
-                }
-            }
-        }
         let State {
             workers, leases, ..
         } = &mut *s;
-        if let Some(w) = workers.get_mut(&conn) {
-            w.in_flight.extend(
-                runs.iter()
-                    .filter(|r| leases.get(*r).is_some_and(|l| l.conn == Some(conn)))
-                    .cloned(),
-            );
+        let Some(w) = workers.get_mut(&conn) else {
+            return;
+        };
+        for run in runs {
+            // An attempt recorded for no worker yet (its Assign had not
+            // committed before a failover) is claimed by whoever runs it.
+            let Some(l) = leases
+                .get_mut(run)
+                .filter(|l| l.worker == w.id || l.worker.is_empty())
+            else {
+                continue;
+            };
+            if l.worker.is_empty() {
+                l.worker = w.id.clone();
+            }
+            l.lease_until_ms = now_ms.saturating_add(LEASE_MS);
+            if l.conn.is_none() {
+                l.conn = Some(conn);
+            }
+            if l.conn == Some(conn) {
+                w.in_flight.insert(run.clone());
+            }
         }
     }
 
-    /// Hands queued attempts to workers with free capacity, least loaded
-    /// first. Returns what was handed out, to be recorded through the log.
+    /// Hands queued attempts to workers with free capacity, each by its
+    /// job's route. Returns what was handed out, to be recorded through the log.
     pub fn dispatch(&self, now_ms: i64) -> Vec<Handed> {
         let mut s = self.lock();
         let mut handed = Vec::new();
@@ -237,50 +311,7 @@ impl Dispatcher {
             .map(|(g, _)| g.clone())
             .collect();
         for g in groups {
-            loop {
-                let Some(top) = s.queues.get(&g).and_then(|q| q.peek()) else {
-                    break;
-                };
-                let avoid = s.prev_worker.get(&top.run).map(String::as_str);
-                let Some(conn) = pick_worker(&s.workers, &g, avoid) else {
-                    break;
-                };
-                let Some(item) = s.queues.get_mut(&g).and_then(|q| q.pop()) else {
-                    break;
-                };
-                s.queued.remove(&item.run);
-                s.prev_worker.remove(&item.run);
-                let deadline_ms = now_ms.saturating_add(item.timeout_ms as i64);
-                let Some(w) = s.workers.get_mut(&conn) else {
-                    break;
-                };
-                let msg = ToWorker::Assign {
-                    run: item.run.clone(),
-                    attempt: item.attempt,
-                    deadline_ms,
-                };
-                if w.tx.try_send(msg).is_err() {
-                    // The stream is gone or full: put the attempt back and stop using this worker.
-                    w.capacity = 0;
-                    s.queued.insert(item.run.clone());
-                    s.queues.entry(g.clone()).or_default().push(item);
-                    continue;
-                }
-                w.in_flight.insert(item.run.clone());
-                handed.push(Handed {
-                    run: item.run.clone(),
-                    attempt: item.attempt,
-                    worker: w.id.clone(),
-                });
-                let lease = Lease {
-                    attempt: item.attempt,
-                    deadline_ms,
-                    lease_until_ms: now_ms.saturating_add(LEASE_MS),
-                    conn: Some(conn),
-                    expiring: false,
-                };
-                s.leases.insert(item.run, lease);
-            }
+            s.dispatch_group(&g, now_ms, &mut handed);
         }
         handed
     }
@@ -322,7 +353,15 @@ impl Dispatcher {
         drop(s);
         for (run, a) in active {
             match a.state {
-                RunState::Pending => self.ready(run, a.attempt, &a.group, a.priority, a.timeout_ms),
+                RunState::Pending => self.ready(ReadyRun {
+                    run,
+                    attempt: a.attempt,
+                    group: a.group,
+                    priority: a.priority,
+                    timeout_ms: a.timeout_ms,
+                    route: a.route,
+                    shard_count: a.shard_count,
+                }),
                 RunState::Running => {
                     let deadline_ms = now_ms.saturating_add(a.timeout_ms as i64);
                     let lease = Lease {
@@ -330,6 +369,7 @@ impl Dispatcher {
                         deadline_ms,
                         lease_until_ms: now_ms.saturating_add(LEASE_MS),
                         conn: None,
+                        worker: a.worker,
                         expiring: false,
                     };
                     self.lock().leases.insert(run, lease);
@@ -365,14 +405,147 @@ impl Dispatcher {
     }
 }
 
-/// The worker of `group` with free capacity and the fewest attempts in flight.
-/// A retry prefers any worker other than `avoid` (the one whose attempt just ended).
-fn pick_worker(workers: &BTreeMap<u64, Worker>, group: &str, avoid: Option<&str>) -> Option<u64> {
-    workers
-        .iter()
-        .filter(|(_, w)| w.in_flight.len() < w.capacity && w.groups.iter().any(|g| g == group))
-        .min_by_key(|(_, w)| (Some(w.id.as_str()) == avoid, w.in_flight.len()))
-        .map(|(c, _)| *c)
+impl State {
+    /// Hands out the group's queued attempts in priority order. An attempt
+    /// no worker can take now (route) is put back; the pass ends when no
+    /// worker of the group has room, or after `SCAN_MAX` attempts.
+    fn dispatch_group(&mut self, g: &str, now_ms: i64, handed: &mut Vec<Handed>) {
+        let mut deferred = Vec::new();
+        for _ in 0..SCAN_MAX {
+            if !self
+                .workers
+                .values()
+                .any(|w| w.is_free() && w.serves(g, &Route::LeastLoaded))
+            {
+                break;
+            }
+            let Some(item) = self.queues.get_mut(g).and_then(|q| q.pop()) else {
+                break;
+            };
+            let avoid = self.prev_worker.get(&item.run).map(String::as_str);
+            let rr_last = self.rr_last.get(g).copied();
+            match pick_worker(&self.workers, g, &item, avoid, rr_last) {
+                Some(conn) => {
+                    if let Err(item) = self.hand(conn, g, item, now_ms, handed) {
+                        deferred.push(item);
+                    }
+                }
+                None => deferred.push(item),
+            }
+        }
+        let q = self.queues.entry(g.to_string()).or_default();
+        q.extend(deferred);
+    }
+
+    /// Sends one attempt to a worker and leases it; gives the attempt back
+    /// when the worker's stream is gone or full (that worker gets no more).
+    fn hand(
+        &mut self,
+        conn: u64,
+        g: &str,
+        item: Queued,
+        now_ms: i64,
+        handed: &mut Vec<Handed>,
+    ) -> Result<(), Queued> {
+        let Some(w) = self.workers.get_mut(&conn) else {
+            return Err(item);
+        };
+        let deadline_ms = now_ms.saturating_add(item.timeout_ms as i64);
+        let msg = ToWorker::Assign {
+            run: item.run.clone(),
+            attempt: item.attempt,
+            deadline_ms,
+        };
+        if w.tx.try_send(msg).is_err() {
+            w.capacity = 0;
+            return Err(item);
+        }
+        w.in_flight.insert(item.run.clone());
+        handed.push(Handed {
+            run: item.run.clone(),
+            attempt: item.attempt,
+            worker: w.id.clone(),
+        });
+        let lease = Lease {
+            attempt: item.attempt,
+            deadline_ms,
+            lease_until_ms: now_ms.saturating_add(LEASE_MS),
+            conn: Some(conn),
+            worker: w.id.clone(),
+            expiring: false,
+        };
+        self.queued.remove(&item.run);
+        self.prev_worker.remove(&item.run);
+        self.rr_last.insert(g.to_string(), conn);
+        self.leases.insert(item.run, lease);
+        Ok(())
+    }
+}
+
+/// The connection that gets `q` by its route, or None if no suitable worker
+/// has room. Every route prefers a worker other than `avoid` (the one whose
+/// attempt of this run just ended) and, for sharded occurrences, one not
+/// already holding a sibling run.
+fn pick_worker(
+    workers: &BTreeMap<u64, Worker>,
+    group: &str,
+    q: &Queued,
+    avoid: Option<&str>,
+    rr_last: Option<u64>,
+) -> Option<u64> {
+    let avoided = |w: &Worker| Some(w.id.as_str()) == avoid;
+    let members = workers.iter().filter(|(_, w)| w.serves(group, &q.route));
+    match &q.route {
+        Route::ConsistentHash => {
+            // The top-ranked connected worker, busy or not: a job stays on
+            // its worker and waits for room rather than moving.
+            let key = hash_key(&q.run);
+            let (conn, w) = members.max_by_key(|(c, w)| {
+                (
+                    !avoided(w),
+                    !w.holds_sibling(q),
+                    rendezvous(&w.id, &key),
+                    Reverse(**c),
+                )
+            })?;
+            w.is_free().then_some(*conn)
+        }
+        Route::RoundRobin => {
+            let last = rr_last.unwrap_or(0);
+            members
+                .filter(|(_, w)| w.is_free())
+                .min_by_key(|(c, w)| (avoided(w), w.holds_sibling(q), **c <= last, **c))
+                .map(|(c, _)| *c)
+        }
+        Route::LeastLoaded | Route::Label(_) => members
+            .filter(|(_, w)| w.is_free())
+            .min_by_key(|(_, w)| (avoided(w), w.holds_sibling(q), w.in_flight.len()))
+            .map(|(c, _)| *c),
+    }
+}
+
+/// What consistent hashing hashes: the job id, plus the shard for shards above 0.
+fn hash_key(run: &RunId) -> String {
+    if run.shard == 0 {
+        run.job.clone()
+    } else {
+        format!("{}/s{}", run.job, run.shard)
+    }
+}
+
+/// Rendezvous (highest random weight) score of a worker for a key: FNV-1a
+/// with a 64-bit finalizer, fixed so every leader ranks workers the same way.
+fn rendezvous(worker: &str, key: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in worker.bytes().chain([0xff]).chain(key.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 #[cfg(test)]
@@ -383,14 +556,26 @@ mod tests {
         RunId::new(job, t)
     }
 
+    fn ready(run: RunId, attempt: u32, priority: u8, timeout_ms: u64) -> ReadyRun {
+        ReadyRun {
+            run,
+            attempt,
+            group: "g".into(),
+            priority,
+            timeout_ms,
+            route: Route::LeastLoaded,
+            shard_count: 1,
+        }
+    }
+
     #[test]
     fn respects_capacity_and_priority() {
         let d = Dispatcher::default();
         let (tx, mut rx) = mpsc::channel(16);
-        let conn = d.register("w1", vec!["g".into()], 2, tx);
-        d.ready(rid("low", 1), 1, "g", 1, 1000);
-        d.ready(rid("high", 5), 1, "g", 9, 1000);
-        d.ready(rid("mid", 2), 1, "g", 5, 1000);
+        let conn = d.register("w1", vec!["g".into()], BTreeMap::new(), 2, tx);
+        d.ready(ready(rid("low", 1), 1, 1, 1000));
+        d.ready(ready(rid("high", 5), 1, 9, 1000));
+        d.ready(ready(rid("mid", 2), 1, 5, 1000));
         let handed = d.dispatch(0);
         let jobs: Vec<_> = handed.iter().map(|h| h.run.job.as_str()).collect();
         assert_eq!(jobs, ["high", "mid"]);
@@ -405,10 +590,10 @@ mod tests {
     fn a_leased_attempt_is_not_handed_out_again_until_it_expires() {
         let d = Dispatcher::default();
         let (tx, _rx) = mpsc::channel(16);
-        let conn = d.register("w1", vec!["g".into()], 5, tx);
-        d.ready(rid("a", 1), 1, "g", 5, 60_000);
+        let conn = d.register("w1", vec!["g".into()], BTreeMap::new(), 5, tx);
+        d.ready(ready(rid("a", 1), 1, 5, 60_000));
         assert_eq!(d.dispatch(0).len(), 1);
-        d.ready(rid("a", 1), 1, "g", 5, 60_000);
+        d.ready(ready(rid("a", 1), 1, 5, 60_000));
         assert!(d.dispatch(0).is_empty());
         assert!(d.expired(LEASE_MS - 1).is_empty());
         // Heartbeats keep the lease alive, but not past the attempt's deadline.
@@ -420,7 +605,7 @@ mod tests {
         assert!(d.expired(500).is_empty(), "reported once");
         // The retry is a new attempt and is dispatched.
         d.ended(&rid("a", 1), 1);
-        d.ready(rid("a", 1), 2, "g", 5, 100);
+        d.ready(ready(rid("a", 1), 2, 5, 100));
         assert_eq!(d.dispatch(200)[0].attempt, 2);
     }
 
@@ -428,13 +613,16 @@ mod tests {
     fn rebuild_leases_running_attempts_and_queues_pending_ones() {
         let d = Dispatcher::default();
         let (tx, _rx) = mpsc::channel(16);
-        d.register("w1", vec!["g".into()], 5, tx);
+        d.register("w1", vec!["g".into()], BTreeMap::new(), 5, tx);
         let a = |state| ActiveRun {
             group: "g".into(),
             priority: 5,
             state,
             attempt: 1,
             timeout_ms: 100,
+            route: Route::LeastLoaded,
+            worker: String::new(),
+            shard_count: 1,
         };
         d.rebuild(
             vec![
@@ -455,13 +643,130 @@ mod tests {
         let d = Dispatcher::default();
         let (tx1, _rx1) = mpsc::channel(16);
         let (tx2, _rx2) = mpsc::channel(16);
-        d.register("slow", vec!["g".into()], 1, tx1);
-        d.ready(rid("a", 1), 1, "g", 5, 1000);
+        d.register("slow", vec!["g".into()], BTreeMap::new(), 1, tx1);
+        d.ready(ready(rid("a", 1), 1, 5, 1000));
         assert_eq!(d.dispatch(0)[0].worker, "slow");
-        d.register("fast", vec!["g".into()], 1, tx2);
+        d.register("fast", vec!["g".into()], BTreeMap::new(), 1, tx2);
         d.ended(&rid("a", 1), 1);
-        d.ready(rid("a", 1), 2, "g", 5, 1000);
+        d.ready(ready(rid("a", 1), 2, 5, 1000));
         let h = d.dispatch(10);
         assert_eq!((h[0].worker.as_str(), h[0].attempt), ("fast", 2));
+    }
+
+    fn routed(run: RunId, route: Route, shard_count: u32) -> ReadyRun {
+        ReadyRun {
+            route,
+            shard_count,
+            ..ready(run, 1, 5, 1000)
+        }
+    }
+
+    /// Registers workers `ids` in group g (capacity 100) with a `zone` label each.
+    fn pool(d: &Dispatcher, ids: &[(&str, &str)]) -> Vec<(u64, mpsc::Receiver<ToWorker>)> {
+        ids.iter()
+            .map(|(id, zone)| {
+                let (tx, rx) = mpsc::channel(1024);
+                let labels = [("zone".to_string(), zone.to_string())].into();
+                (d.register(id, vec!["g".into()], labels, 100, tx), rx)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_retry_after_failover_still_avoids_the_worker_of_the_expired_attempt() {
+        let d = Dispatcher::default();
+        let _pool = pool(&d, &[("slow", "a"), ("fast", "a")]);
+        // A new leader knows the holder only from the replicated record, and
+        // the slow worker's stream has not reported in yet.
+        let active = ActiveRun {
+            group: "g".into(),
+            priority: 5,
+            state: RunState::Running,
+            attempt: 1,
+            timeout_ms: 100,
+            route: Route::LeastLoaded,
+            worker: "slow".into(),
+            shard_count: 1,
+        };
+        d.rebuild(vec![(rid("a", 1), active)], 0);
+        assert_eq!(d.expired(100), vec![(rid("a", 1), 1)]);
+        d.ended(&rid("a", 1), 1);
+        d.ready(ready(rid("a", 1), 2, 5, 1000));
+        assert_eq!(d.dispatch(200)[0].worker, "fast");
+    }
+
+    #[test]
+    fn round_robin_hands_attempts_to_workers_in_turn() {
+        let d = Dispatcher::default();
+        let _pool = pool(&d, &[("w1", "a"), ("w2", "a"), ("w3", "a")]);
+        let mut got = Vec::new();
+        for t in 0..6 {
+            d.ready(routed(rid("j", t), Route::RoundRobin, 1));
+            got.extend(d.dispatch(0).into_iter().map(|h| h.worker));
+        }
+        assert_eq!(got, ["w1", "w2", "w3", "w1", "w2", "w3"]);
+    }
+
+    #[test]
+    fn consistent_hash_keeps_a_job_on_its_worker_and_moves_only_a_leaver_s_jobs() {
+        let d = Dispatcher::default();
+        let conns = pool(&d, &[("w1", "a"), ("w2", "a"), ("w3", "a")]);
+        let place = |d: &Dispatcher, t: i64| -> BTreeMap<String, String> {
+            for j in 0..30 {
+                d.ready(routed(rid(&format!("job{j}"), t), Route::ConsistentHash, 1));
+            }
+            let h = d.dispatch(0);
+            assert_eq!(h.len(), 30);
+            for x in &h {
+                d.ended(&x.run, 1);
+            }
+            h.into_iter().map(|x| (x.run.job, x.worker)).collect()
+        };
+        let first = place(&d, 1);
+        assert_eq!(place(&d, 2), first, "same jobs, same workers");
+        let used: BTreeSet<&String> = first.values().collect();
+        assert!(used.len() >= 2, "30 jobs spread over workers: {first:?}");
+        d.unregister(conns[1].0);
+        let after = place(&d, 3);
+        for (job, w) in &first {
+            if w != "w2" {
+                assert_eq!(&after[job], w, "{job} moved though its worker stayed");
+            } else {
+                assert_ne!(after[job], "w2");
+            }
+        }
+    }
+
+    #[test]
+    fn label_routing_uses_only_matching_workers_and_does_not_block_others() {
+        let d = Dispatcher::default();
+        let _pool = pool(&d, &[("eu", "eu"), ("us", "us")]);
+        let sel = |z: &str| Route::Label([("zone".to_string(), z.to_string())].into());
+        // Highest priority first, but nobody matches it: it must not hold the queue.
+        d.ready(ReadyRun {
+            priority: 9,
+            ..routed(rid("mars", 1), sel("mars"), 1)
+        });
+        for t in 0..4 {
+            d.ready(routed(rid("eu-job", t), sel("eu"), 1));
+        }
+        let h = d.dispatch(0);
+        assert_eq!(h.len(), 4);
+        assert!(h.iter().all(|x| x.worker == "eu"), "{h:?}");
+        assert_eq!(d.stats()["g"].queued, 1, "the unmatched attempt waits");
+    }
+
+    #[test]
+    fn shards_of_one_occurrence_spread_over_workers_and_widths_count_workers() {
+        let d = Dispatcher::default();
+        let _pool = pool(&d, &[("w1", "a"), ("w2", "a"), ("w3", "a")]);
+        for shard in 0..3 {
+            d.ready(routed(RunId::shard("s", 1, shard), Route::LeastLoaded, 3));
+        }
+        let workers: BTreeSet<String> = d.dispatch(0).into_iter().map(|h| h.worker).collect();
+        assert_eq!(workers.len(), 3, "{workers:?}");
+        let (tx, _rx) = mpsc::channel(1);
+        d.register("w1", vec!["g".into(), "h".into()], BTreeMap::new(), 1, tx);
+        assert_eq!(d.widths(), vec![("g".to_string(), 3), ("h".to_string(), 1)]);
     }
 }

@@ -184,6 +184,7 @@ impl Term {
             .propose(Command::Fire {
                 now_ms: now,
                 keys: keys.clone(),
+                widths: self.node.dispatcher.widths(),
             })
             .await
         {
@@ -208,13 +209,7 @@ impl Term {
                         self.wheel.insert(k.clone(), k.fire_at_ms);
                     }
                 }
-                Effect::Ready {
-                    run,
-                    attempt,
-                    group,
-                    priority,
-                    timeout_ms,
-                } => d.ready(run.clone(), *attempt, group, *priority, *timeout_ms),
+                Effect::Ready(r) => d.ready(r.clone()),
                 Effect::Ended { run, attempt } => d.ended(run, *attempt),
                 Effect::Cancel { run, attempt } => d.cancel(run, *attempt),
             }

@@ -29,6 +29,10 @@ pub struct WorkerArgs {
     /// For --exec http: the URL to POST to (http:// only).
     #[arg(long)]
     url: Option<String>,
+    /// A label key=value announced to the leader, matched by jobs with
+    /// `--route label --label key=value` (repeatable).
+    #[arg(long = "label", value_parser = crate::label_pair)]
+    labels: Vec<(String, String)>,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -47,6 +51,9 @@ pub async fn run(endpoints: Vec<String>, a: WorkerArgs) -> anyhow::Result<()> {
     let mut w = Worker::connect(endpoints, &a.group).capacity(a.concurrency);
     if let Some(id) = &a.id {
         w = w.id(id.clone());
+    }
+    for (k, v) in &a.labels {
+        w = w.label(k, v);
     }
     eprintln!(
         "kairosctl worker: executing runs of group {:?} with {} (Ctrl-C to stop)",
@@ -94,6 +101,8 @@ async fn shell(t: &Task) -> Outcome {
         .env("KAIROS_JOB", &t.job)
         .env("KAIROS_SCHEDULED_AT", t.scheduled_at_ms.to_string())
         .env("KAIROS_ATTEMPT", t.attempt.to_string())
+        .env("KAIROS_SHARD", t.shard.to_string())
+        .env("KAIROS_SHARD_COUNT", t.shard_count.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

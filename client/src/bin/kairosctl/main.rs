@@ -38,6 +38,8 @@ enum Output {
     Json,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Create, inspect and control jobs.
@@ -132,6 +134,26 @@ struct SpecArgs {
     priority: u32,
     #[arg(long, value_parser = ["allow", "forbid", "buffer-one", "replace"], default_value = "allow")]
     overlap: String,
+    /// How the leader picks a worker of the group for each attempt.
+    #[arg(long, value_parser = ["least-loaded", "round-robin", "consistent-hash", "label"], default_value = "least-loaded")]
+    route: String,
+    /// With --route label: only workers started with this label key=value (repeatable).
+    #[arg(long = "label", value_parser = label_pair)]
+    labels: Vec<(String, String)>,
+    /// Runs per occurrence with shard indexes 0..N-1 (1 to 1024).
+    #[arg(long, conflicts_with = "broadcast")]
+    shards: Option<u32>,
+    /// One run per worker of the group connected when the occurrence fires.
+    #[arg(long)]
+    broadcast: bool,
+}
+
+/// Parses `key=value` for `--label`.
+pub(crate) fn label_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("--label {s:?}: expected key=value")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -144,6 +166,11 @@ enum RunsCmd {
         limit: usize,
     },
     Get {
+        run: String,
+    },
+    /// Run a finished run (succeeded, failed, timed out, cancelled) again as its next attempt.
+    Retry {
+        /// Run id as listed: <job>@<scheduled_at_ms>[/s<shard>].
         run: String,
     },
 }
@@ -226,6 +253,12 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         "replace" => pb::OverlapPolicy::Replace,
         _ => pb::OverlapPolicy::Allow,
     };
+    let route = match a.route.as_str() {
+        "round-robin" => pb::RoutePolicy::RoundRobin,
+        "consistent-hash" => pb::RoutePolicy::ConsistentHash,
+        "label" => pb::RoutePolicy::Label,
+        _ => pb::RoutePolicy::LeastLoaded,
+    };
     Ok(pb::JobSpec {
         id: a.id.clone(),
         schedule: Some(pb::Schedule { kind: Some(kind) }),
@@ -238,6 +271,10 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         backoff_ms: opt_ms(&a.backoff)?,
         priority: a.priority,
         overlap: overlap as i32,
+        route: route as i32,
+        labels: a.labels.iter().cloned().collect(),
+        shards: a.shards,
+        broadcast: a.broadcast,
     })
 }
 
@@ -282,7 +319,17 @@ fn job_json(j: &pb::Job) -> Value {
         "payload": String::from_utf8_lossy(&s.payload), "revision": j.revision, "paused": j.paused,
         "created_at_ms": j.created_at_ms, "updated_at_ms": j.updated_at_ms, "next_fire_at_ms": j.next_fire_at_ms,
         "priority": s.priority, "max_attempts": s.max_attempts, "timeout_ms": s.timeout_ms,
+        "route": route_text(s.route), "labels": s.labels, "shards": s.shards, "broadcast": s.broadcast,
     })
+}
+
+fn route_text(r: i32) -> &'static str {
+    match pb::RoutePolicy::try_from(r).unwrap_or(pb::RoutePolicy::Unspecified) {
+        pb::RoutePolicy::RoundRobin => "round-robin",
+        pb::RoutePolicy::ConsistentHash => "consistent-hash",
+        pb::RoutePolicy::Label => "label",
+        pb::RoutePolicy::LeastLoaded | pb::RoutePolicy::Unspecified => "least-loaded",
+    }
 }
 
 fn run_json(r: &pb::Run) -> Value {
@@ -290,6 +337,7 @@ fn run_json(r: &pb::Run) -> Value {
         "run_id": r.run_id, "job": r.job, "scheduled_at_ms": r.scheduled_at_ms, "fired_at_ms": r.fired_at_ms,
         "state": run_state(r.state), "attempt": r.attempt, "worker": r.worker, "received_at_ms": r.received_at_ms,
         "finished_at_ms": r.finished_at_ms, "result": String::from_utf8_lossy(&r.result), "error": r.error, "note": r.note,
+        "shard": r.shard, "shard_count": r.shard_count,
     })
 }
 
@@ -323,18 +371,22 @@ fn print_runs(out: Output, runs: &[pb::Run]) {
         return;
     }
     println!(
-        "{:<26} {:<26} {:<10} {:>3} {:<14} NOTE / ERROR",
-        "SCHEDULED", "FIRED", "STATE", "ATT", "WORKER"
+        "{:<36} {:<26} {:<10} {:>3} {:<14} RESULT / NOTE / ERROR",
+        "RUN", "SCHEDULED", "STATE", "ATT", "WORKER"
     );
     for r in runs {
-        let note = if r.error.is_empty() {
-            r.note.clone()
-        } else {
-            format!("{} {}", r.note, r.error)
-        };
-        let (sched, fired) = (time_text(r.scheduled_at_ms), time_text(r.fired_at_ms));
+        let result = String::from_utf8_lossy(&r.result);
+        let result = result.trim();
+        let text: Vec<&str> = [result, r.note.as_str(), r.error.as_str()]
+            .into_iter()
+            .filter(|t| !t.is_empty())
+            .collect();
+        let text = text.join(" | ").replace('\n', " ");
+        let text: String = text.chars().take(120).collect();
         println!(
-            "{sched:<26} {fired:<26} {:<10} {:>3} {:<14} {note}",
+            "{:<36} {:<26} {:<10} {:>3} {:<14} {text}",
+            r.run_id,
+            time_text(r.scheduled_at_ms),
             run_state(r.state),
             r.attempt,
             r.worker
@@ -524,6 +576,11 @@ async fn main() {
                 .map(|r| print_runs(cli.output, &[r]))
                 .map_err(Into::into)
         }
+        Cmd::Runs(RunsCmd::Retry { run }) => client
+            .retry_run(&run)
+            .await
+            .map(|r| print_runs(cli.output, &[r]))
+            .map_err(Into::into),
         Cmd::Cluster(ClusterCmd::Status) => cluster_status(&client, cli.output).await,
         Cmd::Worker(w) => exec::run(cli.endpoints, w).await,
     };

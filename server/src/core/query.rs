@@ -1,0 +1,32 @@
+//! Read queries over the replicated state that need more than one key,
+//! kept next to the key encoding they depend on. Pure: they read through a
+//! [`StateView`], so the API serves them from sled and tests from memory.
+
+use super::codec::decode;
+use super::keys;
+use super::types::{Run, RunId};
+use super::view::StateView;
+
+/// Runs of `job` strictly after `after` (or from the first one), in
+/// (scheduled time, shard) order, at most `limit`. The cursor is a whole
+/// run id, so a page may end in the middle of a sharded occurrence.
+pub fn runs_after<V: StateView + ?Sized>(
+    view: &V,
+    job: &str,
+    after: Option<&RunId>,
+    limit: usize,
+) -> Vec<Run> {
+    let prefix = keys::runs_of(job);
+    let start = match after {
+        Some(id) => {
+            let mut k = keys::run(id);
+            k.push(0); // the smallest key after `id`'s own
+            k
+        }
+        None => prefix.clone(),
+    };
+    view.range(&start, &keys::prefix_end(&prefix), limit)
+        .iter()
+        .filter_map(|(_, v)| decode(v).ok())
+        .collect()
+}
