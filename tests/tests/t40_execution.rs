@@ -1,9 +1,9 @@
 //! Execution through real workers (the worker SDK over gRPC): success,
 //! retries with backoff, final failure after max_attempts, and an attempt
-//! that outlives its lease being timed out and retried.
+//! that outlives its deadline being timed out and retried on another worker.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_client::pb;
@@ -85,53 +85,69 @@ async fn retries_until_success_and_fails_after_max_attempts() {
     handle.abort();
 }
 
+/// A worker that holds attempt 1 of every run far past its deadline and
+/// answers later attempts at once, noting which attempts it saw.
+fn spawn_lease_worker(
+    cluster: &Cluster,
+    id: &'static str,
+    seen: Arc<Mutex<Vec<(&'static str, u32)>>>,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let w = Worker::connect(cluster.endpoints(), "lease")
+        .capacity(1)
+        .id(id);
+    tokio::spawn(w.run(move |t: Task| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push((id, t.attempt));
+            if t.attempt == 1 {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            Outcome::Success(format!("attempt {} on {id}", t.attempt).into_bytes())
+        }
+    }))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attempt_past_its_deadline_times_out_and_is_retried() {
+async fn an_attempt_past_its_deadline_times_out_and_is_retried_on_another_worker() {
     let cluster = Cluster::start(1, &[]);
     cluster.wait_leader().await;
     let c = cluster.client();
-    let slow = Worker::connect(cluster.endpoints(), "lease")
-        .capacity(1)
-        .id("slow");
-    let slow = tokio::spawn(slow.run(|t: Task| async move {
-        if t.attempt == 1 {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        }
-        Outcome::Success(format!("attempt {}", t.attempt).into_bytes())
-    }));
-    let spec = pb::JobSpec {
-        timeout_ms: 3000,
-        max_attempts: 2,
-        ..once("lease-job", "lease")
-    };
-    create(&c, spec).await.unwrap();
-    // Attempt 1 is held by the slow worker; once it is assigned, a fast worker joins.
-    wait_for(
-        "attempt 1 to run on the slow worker",
-        Duration::from_secs(60),
-        || async {
-            let r = c.list_runs("lease-job", 1).await.ok()?.into_iter().next()?;
-            (r.worker == "slow").then_some(())
-        },
-    )
-    .await;
-    let fast = Worker::connect(cluster.endpoints(), "lease")
-        .capacity(1)
-        .id("fast");
-    let fast = tokio::spawn(fast.run(|t: Task| async move {
-        Outcome::Success(format!("attempt {}", t.attempt).into_bytes())
-    }));
+    // Both workers are free before the job fires, so the retry has a choice
+    // and the dispatcher must steer it away from the worker that timed out.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let workers = [
+        spawn_lease_worker(&cluster, "w-a", seen.clone()),
+        spawn_lease_worker(&cluster, "w-b", seen.clone()),
+    ];
     wait_for(
         "both workers to be registered",
         Duration::from_secs(60),
         || async { (cluster.metric(1, "kairos_workers{group=\"lease\"}")? == 2.0).then_some(()) },
     )
     .await;
+    let spec = pb::JobSpec {
+        timeout_ms: 2000,
+        max_attempts: 2,
+        ..once("lease-job", "lease")
+    };
+    create(&c, spec).await.unwrap();
     let run = final_run(&c, "lease-job").await;
-    assert_eq!(run.state, pb::RunState::Succeeded as i32, "{run:?}");
-    assert_eq!(run.attempt, 2, "{run:?}");
-    assert_eq!(run.worker, "fast", "{run:?}");
-    assert_eq!(run.result, b"attempt 2");
-    slow.abort();
-    fast.abort();
+    assert_eq!(
+        (run.state, run.attempt),
+        (pb::RunState::Succeeded as i32, 2),
+        "{run:?}"
+    );
+    let seen = seen.lock().unwrap().clone();
+    let first = seen.iter().find(|(_, a)| *a == 1).expect("attempt 1 ran").0;
+    let second = if first == "w-a" { "w-b" } else { "w-a" };
+    assert_eq!(
+        seen,
+        [(first, 1), (second, 2)],
+        "retry went back to the timed-out worker"
+    );
+    assert_eq!(run.worker, second, "{run:?}");
+    assert_eq!(run.result, format!("attempt 2 on {second}").into_bytes());
+    for w in workers {
+        w.abort();
+    }
 }

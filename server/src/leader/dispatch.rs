@@ -760,6 +760,13 @@ mod tests {
     fn shards_of_one_occurrence_spread_over_workers_and_widths_count_workers() {
         let d = Dispatcher::default();
         let _pool = pool(&d, &[("w1", "a"), ("w2", "a"), ("w3", "a")]);
+        // Unrelated work leaves w1 idle and w2, w3 with one attempt each, so
+        // least-loaded alone would put two shards on w1.
+        for job in ["x", "y", "z"] {
+            d.ready(ready(rid(job, 1), 1, 5, 1000));
+        }
+        assert_eq!(d.dispatch(0).len(), 3);
+        d.ended(&rid("x", 1), 1);
         for shard in 0..3 {
             d.ready(routed(RunId::shard("s", 1, shard), Route::LeastLoaded, 3));
         }
