@@ -139,7 +139,9 @@ async fn bad_hellos_are_refused_naming_the_field() {
         (bad_label, "hello.labels (value): character ' ' not allowed"),
     ];
     for (h, want) in cases {
-        let err = session(&addr, h).await.err().expect(want);
+        let Err(err) = session(&addr, h).await else {
+            panic!("hello accepted; wanted {want:?}");
+        };
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
         assert!(
             err.message().starts_with(want),

@@ -12,7 +12,8 @@ use kairos_client::worker::{now_ms, Outcome, Task, Worker};
 use kairos_tests::{create, every_job, wait_for, Cluster};
 
 /// What a worker saw: (run id, attempt, worker, started, ended), worker clock.
-type Receipts = Arc<Mutex<Vec<(String, u32, String, i64, i64)>>>;
+type Receipt = (String, u32, String, i64, i64);
+type Receipts = Arc<Mutex<Vec<Receipt>>>;
 
 fn spawn_worker(cluster: &Cluster, id: &str, receipts: Receipts) -> tokio::task::JoinHandle<()> {
     let w = Worker::connect(cluster.endpoints(), "inflight")
@@ -116,8 +117,8 @@ async fn runs_in_flight_survive_a_leader_kill_without_concurrent_attempts() {
 
 /// For each run, attempts ordered by start: a later attempt never starts
 /// before an earlier (different) attempt ended.
-fn check_no_concurrent_attempts(receipts: &[(String, u32, String, i64, i64)]) {
-    let mut by_run: BTreeMap<&str, Vec<&(String, u32, String, i64, i64)>> = BTreeMap::new();
+fn check_no_concurrent_attempts(receipts: &[Receipt]) {
+    let mut by_run: BTreeMap<&str, Vec<&Receipt>> = BTreeMap::new();
     for r in receipts {
         by_run.entry(&r.0).or_default().push(r);
     }
