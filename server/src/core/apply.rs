@@ -713,6 +713,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         run.state = RunState::Pending;
         run.note = format!("manual retry as attempt {}", run.attempt);
         run.finished_at_ms = 0;
+        // The record describes the current attempt: the old outcome no longer applies.
+        run.worker.clear();
+        run.result.clear();
+        run.error.clear();
+        run.received_at_ms = 0;
         job.active_runs += 1;
         self.ready(&run);
         self.save_run(&run);

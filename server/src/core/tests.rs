@@ -1131,8 +1131,10 @@ fn manual_retry_of_a_finished_run_starts_its_next_attempt_and_refuses_an_active_
     sim.finish(T0 + 1200, report(&id, 1, true, 0));
     let a = sim.exec(retry());
     assert_eq!(ready_runs(&a), vec![id.clone()]);
-    assert_eq!(
-        (sim.run(&id).state, sim.run(&id).attempt),
-        (RunState::Pending, 2)
+    let r = sim.run(&id);
+    assert_eq!((r.state, r.attempt), (RunState::Pending, 2));
+    assert!(
+        r.result.is_empty() && r.worker.is_empty(),
+        "old outcome cleared: {r:?}"
     );
 }
