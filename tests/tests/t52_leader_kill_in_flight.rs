@@ -1,4 +1,4 @@
-//! The leader is SIGKILLed while workers are executing runs (1.5 s each).
+//! The leader is SIGKILLed while workers are executing runs (3 s each, longer than a new leader takes to start).
 //! Every run still reaches a terminal state, and no two different attempts
 //! of one run ever execute at the same time: the new leader leases the
 //! attempts that were in flight and retries only after a lease ran out.
@@ -26,7 +26,7 @@ fn spawn_worker(cluster: &Cluster, id: &str, receipts: Receipts) -> tokio::task:
                 let (receipts, me) = (receipts.clone(), me.clone());
                 async move {
                     let start = now_ms();
-                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    tokio::time::sleep(Duration::from_millis(3000)).await;
                     let row = (t.run_id, t.attempt, me, start, now_ms());
                     receipts.lock().unwrap().push(row);
                     Outcome::Success(b"ok".to_vec())
