@@ -167,6 +167,11 @@ fn fanout(p: &Policy) -> Result<(), CommandError> {
             "overlap: buffer-one cannot be combined with broadcast; use forbid, replace or allow"
                 .to_string(),
         )),
+        // The width the leader reports is per group; a label-filtered
+        // broadcast would create more runs than there are matching workers.
+        Fanout::Broadcast if matches!(p.route, Route::Label(_)) => Err(invalid(
+            "route: label cannot be combined with broadcast (the worker count is per group); use a group per label".to_string(),
+        )),
         _ => Ok(()),
     }
 }
@@ -261,6 +266,9 @@ mod tests {
         s.policy.fanout = Fanout::Broadcast;
         s.policy.overlap = Overlap::BufferOne;
         assert!(err(&s).starts_with("overlap: buffer-one cannot be combined with broadcast"));
+        s.policy.overlap = Overlap::Allow;
+        s.policy.route = Route::Label([("zone".to_string(), "eu".to_string())].into());
+        assert!(err(&s).starts_with("route: label cannot be combined with broadcast"));
         let mut s = spec();
         s.policy.route = Route::Label(Default::default());
         assert!(err(&s).starts_with("labels: route label needs 1 to 16"));
