@@ -88,7 +88,11 @@ impl Worker {
             Route::Label(sel) => sel.iter().all(|(k, v)| self.labels.get(k) == Some(v)),
             _ => true,
         };
-        labels_match && self.groups.iter().any(|g| g == group)
+        labels_match && self.in_group(group)
+    }
+
+    fn in_group(&self, group: &str) -> bool {
+        self.groups.iter().any(|g| g == group)
     }
 
     fn is_free(&self) -> bool {
@@ -412,11 +416,7 @@ impl State {
     fn dispatch_group(&mut self, g: &str, now_ms: i64, handed: &mut Vec<Handed>) {
         let mut deferred = Vec::new();
         for _ in 0..SCAN_MAX {
-            if !self
-                .workers
-                .values()
-                .any(|w| w.is_free() && w.serves(g, &Route::LeastLoaded))
-            {
+            if !self.workers.values().any(|w| w.is_free() && w.in_group(g)) {
                 break;
             }
             let Some(item) = self.queues.get_mut(g).and_then(|q| q.pop()) else {

@@ -595,7 +595,19 @@ async fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::duration_ms;
+    use super::{duration_ms, label_pair};
+
+    #[test]
+    fn labels() {
+        assert_eq!(label_pair("zone=eu").unwrap(), ("zone".into(), "eu".into()));
+        assert_eq!(label_pair("k=a=b").unwrap(), ("k".into(), "a=b".into()));
+        for bad in ["zone", "=eu", "zone=", ""] {
+            assert!(
+                label_pair(bad).unwrap_err().contains("expected key=value"),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn durations() {
