@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
-use crate::clock::{probe_offset, Clock, ClusterClock, SystemClock};
+use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::{limits, Command, CommandError, FinishReport, Response};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::{network, NodeId, Raft};
@@ -189,14 +189,20 @@ impl Node {
         Some(c)
     }
 
-    /// One round-trip clock probe; the peer's offset from our clock.
-    pub async fn probe_clock(&self, addr: &str) -> Option<i64> {
+    /// One round-trip clock probe: the peer's wall clock and the midpoint of
+    /// the round trip on our monotonic clock.
+    pub async fn probe_clock(&self, id: NodeId, addr: &str) -> Option<Sample> {
         let mut client = PeerClient::new(self.channel(addr)?);
         let mut req = tonic::Request::new(Empty {});
         req.set_timeout(Duration::from_millis(500));
-        let sent = self.clock.local_ms();
-        let peer = client.clock_probe(req).await.ok()?.into_inner().now_ms;
-        Some(probe_offset(sent, peer, self.clock.local_ms()))
+        let sent = self.clock.mono_ms();
+        let peer_ms = client.clock_probe(req).await.ok()?.into_inner().now_ms;
+        let mono_mid_ms = sent + (self.clock.mono_ms() - sent) / 2;
+        Some(Sample {
+            peer: id,
+            peer_ms,
+            mono_mid_ms,
+        })
     }
 
     /// Hands queued attempts to workers and records the handovers through the log.
