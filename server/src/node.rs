@@ -53,9 +53,11 @@ impl Config {
             advertise,
             data_dir,
             peers,
-            heartbeat_ms: 100,
-            election_min_ms: 400,
-            election_max_ms: 800,
+            // openraft uses the heartbeat interval as the AppendEntries timeout,
+            // so it must cover a large batch plus the follower's fsync under load.
+            heartbeat_ms: 150,
+            election_min_ms: 500,
+            election_max_ms: 1000,
             snapshot_logs: 10_000,
             keep_logs: 1_000,
             clock: Arc::new(SystemClock),
@@ -93,7 +95,7 @@ impl Config {
             election_timeout_max: self.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs),
             max_in_snapshot_log_to_keep: self.keep_logs,
-            max_payload_entries: 256,
+            max_payload_entries: 64,
             ..Default::default()
         };
         Ok(c.validate()?)

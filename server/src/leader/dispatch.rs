@@ -202,6 +202,26 @@ impl Dispatcher {
         }
     }
 
+    /// A worker reported the finish of an attempt: its slot is free at once,
+    /// so dispatch does not wait for the commit. The lease stays (detached
+    /// from the worker) until the commit ends it, or expires if it never does.
+    pub fn finishing(&self, conn: u64, run: &RunId, attempt: u32) -> bool {
+        let mut s = self.lock();
+        let held = s
+            .leases
+            .get(run)
+            .is_some_and(|l| l.attempt == attempt && l.conn == Some(conn));
+        if !held {
+            return false;
+        }
+        if let Some(l) = s.leases.get_mut(run) {
+            l.conn = None;
+        }
+        s.workers
+            .get_mut(&conn)
+            .is_some_and(|w| w.in_flight.remove(run))
+    }
+
     /// Extends the leases of attempts a worker says it is still running.
     pub fn heartbeat(&self, conn: u64, runs: &[RunId], now_ms: i64) {
         let mut s = self.lock();
@@ -463,5 +483,23 @@ mod tests {
         d.ready(rid("a", 1), 2, "g", 5, 1000);
         let h = d.dispatch(10);
         assert_eq!((h[0].worker.as_str(), h[0].attempt), ("fast", 2));
+    }
+
+    #[test]
+    fn a_reported_finish_frees_the_slot_before_the_commit() {
+        let d = Dispatcher::default();
+        let (tx, _rx) = mpsc::channel(16);
+        let conn = d.register("w", vec!["g".into()], 1, tx);
+        d.ready(rid("a", 1), 1, "g", 5, 1000);
+        d.ready(rid("b", 2), 1, "g", 5, 1000);
+        assert_eq!(d.dispatch(0).len(), 1);
+        assert!(
+            !d.finishing(conn, &rid("a", 1), 2),
+            "a stale attempt frees nothing"
+        );
+        assert!(d.finishing(conn, &rid("a", 1), 1));
+        assert_eq!(d.dispatch(0)[0].run, rid("b", 2));
+        // The lease of the finished attempt still expires if its commit never comes.
+        assert!(d.expired(1000).contains(&(rid("a", 1), 1)));
     }
 }
