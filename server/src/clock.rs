@@ -6,12 +6,18 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// A source of wall-clock time in unix milliseconds. Injected so tests and
 /// the fault harness can skew it.
 pub trait Clock: Send + Sync + 'static {
+    /// Wall-clock time (may jump when the system clock is set).
     fn now_ms(&self) -> i64;
+    /// A monotonic count of milliseconds from an arbitrary origin; never jumps.
+    fn mono_ms(&self) -> i64 {
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as i64
+    }
 }
 
 pub struct SystemClock;
@@ -36,26 +42,41 @@ impl Clock for SkewedClock {
     }
 }
 
-/// Median of the offsets, self (0) included. With an even count the lower
-/// middle is taken, which errs towards firing late rather than early.
-pub fn median_offset(peer_offsets: &[i64]) -> i64 {
-    let mut all: Vec<i64> = peer_offsets.to_vec();
-    all.push(0);
+/// The lower median: with an even count the lower middle is taken, which
+/// errs towards firing late rather than early. `None` when empty.
+pub fn lower_median(values: &[i64]) -> Option<i64> {
+    let mut all = values.to_vec();
     all.sort_unstable();
-    all[(all.len() - 1) / 2]
+    all.get(all.len().checked_sub(1)? / 2).copied()
 }
 
-/// Offset of a peer's clock from ours, from one round trip: the peer read
-/// its clock somewhere between our `sent_ms` and `received_ms`.
-pub fn probe_offset(sent_ms: i64, peer_ms: i64, received_ms: i64) -> i64 {
-    peer_ms - (sent_ms + (received_ms - sent_ms) / 2)
+/// One clock probe of a peer: its wall clock, read somewhere in our round
+/// trip, and the midpoint of that round trip on our monotonic clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sample {
+    pub peer: u64,
+    pub peer_ms: i64,
+    pub mono_mid_ms: i64,
 }
 
+/// Cluster time at one monotonic instant, fixed by the last probe round.
+#[derive(Clone, Copy, Debug)]
+struct Base {
+    cluster_ms: i64,
+    mono_ms: i64,
+}
+
+/// Cluster time. Each probe round fixes a base: the lower median of every
+/// voter's clock (this node's included), each projected to the same
+/// monotonic instant. Between rounds time advances on the monotonic clock,
+/// so a step or strobe of this node's wall clock cannot move cluster time;
+/// it is one sample of the median at the next round.
 pub struct ClusterClock {
     local: Arc<dyn Clock>,
     offset_ms: AtomicI64,
     calibrated: AtomicBool,
     last_ms: AtomicI64,
+    base: Mutex<Option<Base>>,
     peer_offsets: Mutex<Vec<(u64, i64)>>,
 }
 
@@ -66,6 +87,7 @@ impl ClusterClock {
             offset_ms: AtomicI64::new(0),
             calibrated: AtomicBool::new(false),
             last_ms: AtomicI64::new(i64::MIN),
+            base: Mutex::new(None),
             peer_offsets: Mutex::new(Vec::new()),
         }
     }
@@ -75,29 +97,53 @@ impl ClusterClock {
         self.local.now_ms()
     }
 
-    /// Cluster time: local clock plus the quorum's median offset; never goes back on this node.
+    /// This node's monotonic clock (for probe round trips).
+    pub fn mono_ms(&self) -> i64 {
+        self.local.mono_ms()
+    }
+
+    /// Cluster time: the last measured base advanced by the monotonic clock
+    /// (before any measurement: the wall clock); never goes back on this node.
     pub fn now_ms(&self) -> i64 {
-        let t = self.local.now_ms() + self.offset_ms.load(Ordering::Relaxed);
+        let base = *self.base.lock().unwrap_or_else(|e| e.into_inner());
+        let t = match base {
+            Some(b) => b.cluster_ms + (self.local.mono_ms() - b.mono_ms),
+            None => self.local.now_ms(),
+        };
         let prev = self.last_ms.fetch_max(t, Ordering::Relaxed);
         prev.max(t)
     }
 
-    /// True once offsets from a quorum have been measured (always for one node).
+    /// True once a quorum's clocks have been measured (always for one node).
     pub fn is_calibrated(&self) -> bool {
         self.calibrated.load(Ordering::Relaxed)
     }
 
-    /// Records a round of probes. `voters` counts the whole voting set,
-    /// self included; fewer than a quorum of answers keeps the old offset.
-    pub fn update(&self, offsets: &[(u64, i64)], voters: usize) {
-        if offsets.len() + 1 < voters / 2 + 1 {
+    /// Records a round of probes. `voters` counts the whole voting set, self
+    /// included; fewer than a quorum of samples keeps the previous base.
+    pub fn update(&self, samples: &[Sample], voters: usize) {
+        if samples.len() + 1 < voters / 2 + 1 {
             return;
         }
-        let values: Vec<i64> = offsets.iter().map(|(_, o)| *o).collect();
-        self.offset_ms
-            .store(median_offset(&values), Ordering::Relaxed);
+        let mono = self.local.mono_ms();
+        let own = self.local.now_ms();
+        let projected: Vec<(u64, i64)> = samples
+            .iter()
+            .map(|s| (s.peer, s.peer_ms + (mono - s.mono_mid_ms)))
+            .collect();
+        let mut all: Vec<i64> = projected.iter().map(|(_, t)| *t).collect();
+        all.push(own);
+        let Some(cluster_ms) = lower_median(&all) else {
+            return;
+        };
+        self.offset_ms.store(cluster_ms - own, Ordering::Relaxed);
+        *self.base.lock().unwrap_or_else(|e| e.into_inner()) = Some(Base {
+            cluster_ms,
+            mono_ms: mono,
+        });
         self.calibrated.store(true, Ordering::Relaxed);
-        *self.peer_offsets.lock().unwrap_or_else(|e| e.into_inner()) = offsets.to_vec();
+        let offsets = projected.into_iter().map(|(p, t)| (p, t - own)).collect();
+        *self.peer_offsets.lock().unwrap_or_else(|e| e.into_inner()) = offsets;
     }
 
     /// Leadership lost: the next leader term measures afresh.
@@ -122,31 +168,95 @@ impl ClusterClock {
 mod tests {
     use super::*;
 
-    #[test]
-    fn one_skewed_peer_cannot_move_the_median() {
-        assert_eq!(median_offset(&[8000, 3]), 3);
-        assert_eq!(median_offset(&[-8000, 2]), 0);
-        // A leader 8 s fast sees both peers 8 s behind: cluster time is corrected.
-        assert_eq!(median_offset(&[-8000, -7990]), -7990);
-        assert_eq!(median_offset(&[]), 0);
-        // Even count (4 values with self): lower middle.
-        assert_eq!(median_offset(&[10, 20, 30]), 10);
+    /// A wall clock a test can step, with a monotonic clock it cannot.
+    struct StepClock {
+        wall: AtomicI64,
+        mono: AtomicI64,
+    }
+
+    impl Clock for StepClock {
+        fn now_ms(&self) -> i64 {
+            self.wall.load(Ordering::Relaxed)
+        }
+        fn mono_ms(&self) -> i64 {
+            self.mono.load(Ordering::Relaxed)
+        }
+    }
+
+    fn step_clock(wall: i64) -> Arc<StepClock> {
+        Arc::new(StepClock {
+            wall: AtomicI64::new(wall),
+            mono: AtomicI64::new(0),
+        })
+    }
+
+    fn set(c: &StepClock, wall: i64, mono: i64) {
+        c.wall.store(wall, Ordering::Relaxed);
+        c.mono.store(mono, Ordering::Relaxed);
+    }
+
+    fn sample(peer: u64, peer_ms: i64, mono_mid_ms: i64) -> Sample {
+        Sample {
+            peer,
+            peer_ms,
+            mono_mid_ms,
+        }
     }
 
     #[test]
-    fn probe_offset_uses_the_midpoint() {
-        assert_eq!(probe_offset(1000, 6010, 1020), 5000);
+    fn lower_median_errs_late() {
+        assert_eq!(lower_median(&[3, 8000, 0]), Some(3));
+        assert_eq!(lower_median(&[10, 20, 30, 40]), Some(20));
+        assert_eq!(lower_median(&[]), None);
     }
 
     #[test]
-    fn needs_a_quorum_of_answers_and_never_goes_back() {
-        let c = ClusterClock::new(Arc::new(SkewedClock { skew_ms: 0 }));
+    fn one_skewed_node_cannot_move_cluster_time() {
+        // This node (the leader) is 8 s fast; both peers agree on the truth.
+        let local = step_clock(108_000);
+        let c = ClusterClock::new(local.clone());
+        c.update(&[sample(2, 100_000, 0), sample(3, 100_002, 0)], 3);
+        assert_eq!(c.now_ms(), 100_002);
+        assert_eq!(c.offset_ms(), -7_998);
+        // One peer 8 s fast instead: the median ignores it.
+        let c = ClusterClock::new(step_clock(100_000));
+        c.update(&[sample(2, 108_000, 0), sample(3, 100_001, 0)], 3);
+        assert_eq!(c.now_ms(), 100_001);
+    }
+
+    #[test]
+    fn a_wall_clock_step_does_not_move_cluster_time_until_remeasured() {
+        let local = step_clock(100_000);
+        let c = ClusterClock::new(local.clone());
+        c.update(&[sample(2, 100_000, 0), sample(3, 100_000, 0)], 3);
+        assert_eq!(c.now_ms(), 100_000);
+        // The leader's wall clock jumps 10 s ahead while 1 s really passes.
+        set(&local, 111_000, 1_000);
+        assert_eq!(
+            c.now_ms(),
+            101_000,
+            "the jump is invisible between probe rounds"
+        );
+        // The next round: the peers were measured mid-round, 200 ms ago.
+        set(&local, 111_200, 1_200);
+        c.update(&[sample(2, 101_000, 1_000), sample(3, 101_000, 1_000)], 3);
+        assert_eq!(c.now_ms(), 101_200, "corrected, not early");
+        // A jump back is held by the monotonic floor and corrected the same way.
+        set(&local, 91_500, 1_500);
+        c.update(&[sample(2, 101_500, 1_500), sample(3, 101_500, 1_500)], 3);
+        assert_eq!(c.now_ms(), 101_500);
+    }
+
+    #[test]
+    fn needs_a_quorum_of_samples() {
+        let c = ClusterClock::new(step_clock(5_000));
         c.update(&[], 3);
         assert!(!c.is_calibrated());
-        c.update(&[(2, -5000)], 3);
+        c.update(&[sample(2, 5_000, 0)], 3);
         assert!(c.is_calibrated());
-        let a = c.now_ms();
-        c.update(&[(2, -9000), (3, -9000)], 3);
-        assert!(c.now_ms() >= a);
+        let single = ClusterClock::new(step_clock(7));
+        single.update(&[], 1);
+        assert!(single.is_calibrated());
+        assert_eq!(single.now_ms(), 7);
     }
 }

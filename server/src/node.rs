@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
-use crate::clock::{probe_offset, Clock, ClusterClock, SystemClock};
+use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::{limits, Command, CommandError, FinishReport, Response};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::{network, NodeId, Raft};
@@ -53,9 +53,11 @@ impl Config {
             advertise,
             data_dir,
             peers,
-            heartbeat_ms: 100,
-            election_min_ms: 400,
-            election_max_ms: 800,
+            // openraft uses the heartbeat interval as the AppendEntries timeout,
+            // so it must cover a large batch plus the follower's fsync under load.
+            heartbeat_ms: 150,
+            election_min_ms: 500,
+            election_max_ms: 1000,
             snapshot_logs: 10_000,
             keep_logs: 1_000,
             clock: Arc::new(SystemClock),
@@ -93,7 +95,7 @@ impl Config {
             election_timeout_max: self.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs),
             max_in_snapshot_log_to_keep: self.keep_logs,
-            max_payload_entries: 256,
+            max_payload_entries: 64,
             ..Default::default()
         };
         Ok(c.validate()?)
@@ -189,14 +191,20 @@ impl Node {
         Some(c)
     }
 
-    /// One round-trip clock probe; the peer's offset from our clock.
-    pub async fn probe_clock(&self, addr: &str) -> Option<i64> {
+    /// One round-trip clock probe: the peer's wall clock and the midpoint of
+    /// the round trip on our monotonic clock.
+    pub async fn probe_clock(&self, id: NodeId, addr: &str) -> Option<Sample> {
         let mut client = PeerClient::new(self.channel(addr)?);
         let mut req = tonic::Request::new(Empty {});
         req.set_timeout(Duration::from_millis(500));
-        let sent = self.clock.local_ms();
-        let peer = client.clock_probe(req).await.ok()?.into_inner().now_ms;
-        Some(probe_offset(sent, peer, self.clock.local_ms()))
+        let sent = self.clock.mono_ms();
+        let peer_ms = client.clock_probe(req).await.ok()?.into_inner().now_ms;
+        let mono_mid_ms = sent + (self.clock.mono_ms() - sent) / 2;
+        Some(Sample {
+            peer: id,
+            peer_ms,
+            mono_mid_ms,
+        })
     }
 
     /// Hands queued attempts to workers and records the handovers through the log.

@@ -183,6 +183,15 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The failing test's evidence: each node's last log lines.
+            for n in &self.nodes {
+                let log = std::fs::read_to_string(n.data.with_extension("log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!("--- node {} log (last 40 lines) ---", n.id);
+                tail.iter().rev().for_each(|l| eprintln!("{l}"));
+            }
+        }
         for n in &mut self.nodes {
             if let Some(mut c) = n.child.take() {
                 let _ = c.kill();

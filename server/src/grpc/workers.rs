@@ -176,6 +176,12 @@ async fn send_to_worker(node: &Node, out: &Outbound, m: ToWorker) -> bool {
 fn on_message(node: &Arc<Node>, conn: u64, worker: &str, m: pb::WorkerMessage, out: &Outbound) {
     match m.msg {
         Some(In::Finish(f)) => {
+            // The worker is done with it: free its slot now, not after the commit.
+            if let Some(run) = RunId::parse(&f.run_id) {
+                if node.dispatcher.finishing(conn, &run, f.attempt) {
+                    node.dispatch_now();
+                }
+            }
             let node = node.clone();
             let out = out.clone();
             let worker = worker.to_string();

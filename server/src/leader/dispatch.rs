@@ -271,6 +271,26 @@ impl Dispatcher {
         }
     }
 
+    /// A worker reported the finish of an attempt: its slot is free at once,
+    /// so dispatch does not wait for the commit. The lease stays (detached
+    /// from the worker) until the commit ends it, or expires if it never does.
+    pub fn finishing(&self, conn: u64, run: &RunId, attempt: u32) -> bool {
+        let mut s = self.lock();
+        let held = s
+            .leases
+            .get(run)
+            .is_some_and(|l| l.attempt == attempt && l.conn == Some(conn));
+        if !held {
+            return false;
+        }
+        if let Some(l) = s.leases.get_mut(run) {
+            l.conn = None;
+        }
+        s.workers
+            .get_mut(&conn)
+            .is_some_and(|w| w.in_flight.remove(run))
+    }
+
     /// Extends the leases of attempts a worker says it is still running.
     /// Only the worker that holds a lease may extend or reclaim it.
     pub fn heartbeat(&self, conn: u64, runs: &[RunId], now_ms: i64) {
@@ -775,5 +795,23 @@ mod tests {
         let (tx, _rx) = mpsc::channel(1);
         d.register("w1", vec!["g".into(), "h".into()], BTreeMap::new(), 1, tx);
         assert_eq!(d.widths(), vec![("g".to_string(), 3), ("h".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_reported_finish_frees_the_slot_before_the_commit() {
+        let d = Dispatcher::default();
+        let (tx, _rx) = mpsc::channel(16);
+        let conn = d.register("w", vec!["g".into()], BTreeMap::new(), 1, tx);
+        d.ready(ready(rid("a", 1), 1, 5, 1000));
+        d.ready(ready(rid("b", 2), 1, 5, 1000));
+        assert_eq!(d.dispatch(0).len(), 1);
+        assert!(
+            !d.finishing(conn, &rid("a", 1), 2),
+            "a stale attempt frees nothing"
+        );
+        assert!(d.finishing(conn, &rid("a", 1), 1));
+        assert_eq!(d.dispatch(0)[0].run, rid("b", 2));
+        // The lease of the finished attempt still expires if its commit never comes.
+        assert!(d.expired(1000).contains(&(rid("a", 1), 1)));
     }
 }

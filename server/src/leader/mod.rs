@@ -27,6 +27,8 @@ pub const WHEEL_MAX_KEYS: usize = 1_000_000;
 pub const ACTIVE_LOAD_MAX: usize = 1_000_000;
 const LEASE_CHECK: Duration = Duration::from_millis(100);
 const CLOCK_PROBE: Duration = Duration::from_millis(1000);
+const QUORUM_CHECK: Duration = Duration::from_millis(1000);
+const QUORUM_LOST: Duration = Duration::from_millis(2000);
 
 /// Watches Raft metrics and runs the leader's tasks for as long as this node leads.
 pub async fn supervise(node: Arc<Node>) {
@@ -68,12 +70,44 @@ fn stop(node: &Node, task: Option<(u64, tokio::task::JoinHandle<()>)>) {
     }
 }
 
+/// Runs the leader's work; if it stops (a proposal failed, or a quorum no
+/// longer answers) it drops every worker stream, so workers go looking for
+/// the real leader, and starts again while this node still leads.
 async fn lead(node: Arc<Node>) {
-    let prober = tokio::spawn(probe_clocks(node.clone()));
-    if let Err(e) = Term::start(node.clone()).await {
-        tracing::warn!("leader loop ended: {e}");
+    // Aborted with this task when leadership ends.
+    let _prober = AbortOnDrop(tokio::spawn(probe_clocks(node.clone())));
+    loop {
+        let res = tokio::select! {
+            r = Term::start(node.clone()) => r,
+            r = watch_quorum(&node) => r,
+        };
+        if let Err(e) = res {
+            tracing::warn!("leader work stopped: {e}; dropping worker streams");
+        }
+        node.dispatcher.clear();
+        sleep(Duration::from_millis(500)).await;
     }
-    prober.abort();
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Fails once a quorum has not confirmed this leader for `QUORUM_LOST`:
+/// openraft keeps an isolated leader in the Leader state for a while.
+async fn watch_quorum(node: &Node) -> anyhow::Result<()> {
+    loop {
+        sleep(QUORUM_CHECK).await;
+        match tokio::time::timeout(QUORUM_LOST, node.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => anyhow::bail!("not confirmed by a quorum: {e}"),
+            Err(_) => anyhow::bail!("no quorum answered within {QUORUM_LOST:?}"),
+        }
+    }
 }
 
 /// Keys loaded from the durable index: everything due at or before
@@ -244,17 +278,20 @@ impl Term {
     }
 }
 
-/// Measures every voter's clock against ours and updates cluster time.
+/// Measures every voter's clock (concurrently) and updates cluster time.
 async fn probe_clocks(node: Arc<Node>) {
     loop {
         let voters = node.voters();
-        let mut offsets = Vec::new();
-        for (id, addr) in voters.iter().filter(|(id, _)| *id != node.id) {
-            if let Some(off) = node.probe_clock(addr).await {
-                offsets.push((*id, off));
-            }
-        }
-        node.clock.update(&offsets, voters.len());
+        let probes = voters
+            .iter()
+            .filter(|(id, _)| *id != node.id)
+            .map(|(id, addr)| node.probe_clock(*id, addr));
+        let samples: Vec<_> = futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        node.clock.update(&samples, voters.len());
         sleep(CLOCK_PROBE).await;
     }
 }

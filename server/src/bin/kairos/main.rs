@@ -56,11 +56,12 @@ pub struct ServeArgs {
     /// Log entries kept behind a snapshot for lagging followers.
     #[arg(long, default_value_t = 1_000)]
     keep_logs: u64,
-    #[arg(long, default_value_t = 100)]
+    /// Leader heartbeat; also openraft's AppendEntries timeout.
+    #[arg(long, default_value_t = 150)]
     heartbeat_ms: u64,
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 500)]
     election_min_ms: u64,
-    #[arg(long, default_value_t = 800)]
+    #[arg(long, default_value_t = 1000)]
     election_max_ms: u64,
 }
 
