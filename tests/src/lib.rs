@@ -10,13 +10,30 @@ use std::time::{Duration, Instant};
 
 use kairos_client::{pb, Client};
 
-/// The `kairos` binary next to this test executable (built by cargo with the workspace).
+/// The `kairos` binary next to this test executable, built on first use:
+/// `cargo nextest run` builds test targets but not a plain binary of another
+/// package, so a stale or missing binary would be tested otherwise.
 pub fn kairos_bin() -> PathBuf {
     if let Ok(p) = std::env::var("KAIROS_BIN") {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "kairos-server", "--bin", "kairos"]);
+        if profile == "release" {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the kairos binary failed");
+    });
     dir.join("kairos")
 }
 
