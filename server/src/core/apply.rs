@@ -242,6 +242,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             next_fire_at_ms: None,
             active_runs: 0,
             buffered_at_ms: None,
+            history_len: 0,
         };
         let first = self.first_occurrence(&job, self.now)?;
         self.set_next(&mut job, first);
@@ -464,11 +465,32 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 
     /// One `skipped` record (shard 0) stands for the whole occurrence.
-    fn record_skipped(&mut self, job: &Job, scheduled: i64, note: String) {
+    fn record_skipped(&mut self, job: &mut Job, scheduled: i64, note: String) {
         let id = RunId::new(&job.id, scheduled);
         if self.run_rec(&id).is_none() {
             let run = self.new_run(job, id, 1, RunState::Skipped, note);
             self.save_run(&run);
+            self.trim_history(job, 1);
+        }
+    }
+
+    /// Counts `added` new run records and deletes the job's oldest finished
+    /// records beyond `RUN_HISTORY_MAX`. An active oldest run stops the trim:
+    /// history may then exceed the cap until it ends.
+    fn trim_history(&mut self, job: &mut Job, added: u64) {
+        job.history_len += added;
+        let prefix = keys::runs_of(&job.id);
+        let end = keys::prefix_end(&prefix);
+        while job.history_len > limits::RUN_HISTORY_MAX {
+            let Some((key, value)) = self.o.range(&prefix, &end, 1).pop() else {
+                break;
+            };
+            let oldest: Run = decode(&value).expect("corrupt replicated run");
+            if !oldest.state.is_terminal() {
+                break;
+            }
+            self.o.delete(key);
+            job.history_len -= 1;
         }
     }
 
@@ -512,6 +534,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             self.save_run(&run);
         }
         job.active_runs += shards;
+        self.trim_history(job, shards as u64);
     }
 
     fn cancel_active_runs(&mut self, job: &mut Job, why: &str) {

@@ -20,7 +20,7 @@ pub const META_TIME: &[u8] = b"mtime";
 
 /// On-disk format version of the state space. 2: run ids and retry
 /// entries carry a shard; policies carry route and fan-out.
-pub const STATE_VERSION: u32 = 2;
+pub const STATE_VERSION: u32 = 3;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()

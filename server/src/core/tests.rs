@@ -1138,3 +1138,38 @@ fn manual_retry_of_a_finished_run_starts_its_next_attempt_and_refuses_an_active_
         "old outcome cleared: {r:?}"
     );
 }
+
+#[test]
+fn history_keeps_the_newest_records_per_job_and_never_an_active_run() {
+    let mut sim = Sim::default();
+    // Grace 0 with misfire skip: every late fire records one skipped (finished) run.
+    sim.create(with_misfire(every("h", 1000), Misfire::Skip, 0), T0);
+    let max = limits::RUN_HISTORY_MAX;
+    for _ in 0..max + 5 {
+        let at = sim.job("h").next_fire_at_ms.unwrap();
+        sim.fire(at + 1, vec![occ("h", at)]);
+    }
+    let runs = sim.runs_of("h");
+    assert_eq!(runs.len() as u64, max);
+    assert_eq!(sim.job("h").history_len, max);
+    assert_eq!(
+        runs[0].id.scheduled_at_ms,
+        T0 + 6 * 1000,
+        "the five oldest records went"
+    );
+    // An active oldest run pins the history: nothing older than it is deleted past it.
+    let mut sim = Sim::default();
+    sim.create(every("p", 1000), T0);
+    sim.fire(T0 + 1000, vec![occ("p", T0 + 1000)]);
+    let first = rid("p", T0 + 1000);
+    assert_eq!(sim.run(&first).state, RunState::Pending);
+    for _ in 0..max + 2 {
+        let at = sim.job("p").next_fire_at_ms.unwrap();
+        sim.fire(at, vec![occ("p", at)]);
+    }
+    assert_eq!(
+        sim.run(&first).state,
+        RunState::Pending,
+        "an active run is never trimmed"
+    );
+}

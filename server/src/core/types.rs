@@ -30,6 +30,9 @@ pub mod limits {
     pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
     pub const DEFAULT_BACKOFF_MS: u64 = 1_000;
     pub const DEFAULT_PRIORITY: u8 = 5;
+    /// Run records kept per job: creating one more deletes the oldest
+    /// finished record (active runs are never deleted).
+    pub const RUN_HISTORY_MAX: u64 = 10_000;
     /// Runs per occurrence of a sharded job.
     pub const SHARDS_MAX: u32 = 1024;
     /// Runs per occurrence of a broadcast job (one per connected worker).
@@ -205,6 +208,8 @@ pub struct Job {
     pub active_runs: u32,
     /// An occurrence held back by `buffer-one`, started when the active run ends.
     pub buffered_at_ms: Option<i64>,
+    /// Run records of this job currently stored (for history retention).
+    pub history_len: u64,
 }
 
 /// Identity of a run: one shard of one occurrence of a job. The triple is
