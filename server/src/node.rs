@@ -103,7 +103,7 @@ impl Config {
 }
 
 /// Why a proposal did not produce a response.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProposeError {
     #[error("this node is not the leader")]
     NotLeader { leader: Option<(NodeId, String)> },
@@ -115,6 +115,10 @@ pub enum ProposeError {
 }
 
 type FinishItem = (FinishReport, oneshot::Sender<Result<(), CommandError>>);
+type ProposalItem = (Command, oneshot::Sender<Result<Response, ProposeError>>);
+/// Client-command batches in flight at once; while they are, new commands
+/// queue up and go out together in the next entry (group commit).
+const PROPOSALS_IN_FLIGHT: usize = 4;
 
 pub struct Node {
     pub id: NodeId,
@@ -126,6 +130,7 @@ pub struct Node {
     pub dispatcher: Arc<Dispatcher>,
     assign_tx: mpsc::Sender<Handed>,
     finish_tx: mpsc::Sender<FinishItem>,
+    proposal_tx: mpsc::Sender<ProposalItem>,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
@@ -146,6 +151,15 @@ impl Node {
             }
             Ok(Err(e)) => Err(ProposeError::Raft(e.to_string())),
         }
+    }
+
+    /// Proposes a client command, grouped with others that arrive meanwhile
+    /// into one log entry.
+    pub async fn propose_grouped(&self, cmd: Command) -> Result<Response, ProposeError> {
+        let (tx, rx) = oneshot::channel();
+        let busy = || ProposeError::Raft("proposal queue full; retry".into());
+        self.proposal_tx.try_send((cmd, tx)).map_err(|_| busy())?;
+        rx.await.map_err(|_| ProposeError::Timeout)?
     }
 
     /// The leader this node knows of, with its address.
@@ -298,6 +312,50 @@ async fn commit_finishes(node: Arc<Node>, mut rx: mpsc::Receiver<FinishItem>) {
     }
 }
 
+async fn group_proposals(node: Arc<Node>, mut rx: mpsc::Receiver<ProposalItem>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(batch) = next_batch(&mut rx, limits::PROPOSAL_BATCH_MAX).await else {
+            return;
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            propose_batch(&node, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn propose_batch(node: &Node, mut batch: Vec<ProposalItem>) {
+    if batch.len() == 1 {
+        if let Some((cmd, tx)) = batch.pop() {
+            let _ = tx.send(node.propose(cmd).await);
+        }
+        return;
+    }
+    let (commands, waiters): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
+    let n = commands.len();
+    match node.propose(Command::Batch { commands }).await {
+        Ok(Response::Many(rs)) if rs.len() == n => {
+            for (tx, r) in waiters.into_iter().zip(rs) {
+                let _ = tx.send(Ok(r));
+            }
+        }
+        Ok(other) => {
+            let e = ProposeError::Raft(format!("batch answered {other:?}"));
+            waiters
+                .into_iter()
+                .for_each(|tx| drop(tx.send(Err(e.clone()))));
+        }
+        Err(e) => waiters
+            .into_iter()
+            .for_each(|tx| drop(tx.send(Err(e.clone())))),
+    }
+}
+
 /// Bootstraps a fresh cluster: the lowest id initializes once every peer answers.
 async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
     if node.raft.is_initialized().await.unwrap_or(true) || peers.keys().next() != Some(&node.id) {
@@ -356,6 +414,7 @@ pub async fn run(
     .await?;
     let (assign_tx, assign_rx) = mpsc::channel(BATCH_QUEUE);
     let (finish_tx, finish_rx) = mpsc::channel(BATCH_QUEUE);
+    let (proposal_tx, proposal_rx) = mpsc::channel(BATCH_QUEUE);
     let node = Arc::new(Node {
         id: config.id,
         addr: config.advertise.clone(),
@@ -366,11 +425,13 @@ pub async fn run(
         dispatcher: Arc::new(Dispatcher::default()),
         assign_tx,
         finish_tx,
+        proposal_tx,
         channels: Mutex::new(HashMap::new()),
     });
     let tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
         tokio::spawn(commit_finishes(node.clone(), finish_rx)),
+        tokio::spawn(group_proposals(node.clone(), proposal_rx)),
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(bootstrap(node.clone(), config.peers.clone())),
     ];

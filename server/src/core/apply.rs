@@ -40,6 +40,13 @@ pub struct Applied {
 
 /// Applies one command. Pure: the result depends only on `view` and `cmd`.
 pub fn apply<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
+    match cmd {
+        Command::Batch { commands } => apply_batch(view, commands),
+        _ => apply_one(view, cmd),
+    }
+}
+
+fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
     let mut tx = Tx {
         o: Overlay::new(view),
         effects: Vec::new(),
@@ -74,6 +81,45 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::Finish { now_ms, .. }
         | Command::Expire { now_ms, .. }
         | Command::RetryRun { now_ms, .. } => *now_ms,
+        // Applied by `apply_batch`, never through a Tx of its own.
+        Command::Batch { .. } => i64::MIN,
+    }
+}
+
+/// Applies each command of a batch over the writes of the ones before it.
+fn apply_batch<V: StateView + ?Sized>(view: &V, commands: &[Command]) -> Applied {
+    let refuse = |msg: String| Applied {
+        response: Response::Error(CommandError::Invalid(msg)),
+        writes: Vec::new(),
+        effects: Vec::new(),
+    };
+    if commands.len() > limits::PROPOSAL_BATCH_MAX {
+        let max = limits::PROPOSAL_BATCH_MAX;
+        return refuse(format!(
+            "commands: at most {max} per batch, got {}",
+            commands.len()
+        ));
+    }
+    if commands.iter().any(|c| matches!(c, Command::Batch { .. })) {
+        return refuse("commands: a batch cannot contain a batch".into());
+    }
+    let mut o = Overlay::new(view);
+    let (mut effects, mut responses) = (Vec::new(), Vec::with_capacity(commands.len()));
+    for c in commands {
+        let a = apply_one(&o, c);
+        for w in a.writes {
+            match w {
+                Write::Put(k, v) => o.put(k, v),
+                Write::Delete(k) => o.delete(k),
+            }
+        }
+        effects.extend(a.effects);
+        responses.push(a.response);
+    }
+    Applied {
+        response: Response::Many(responses),
+        writes: o.into_writes(),
+        effects,
     }
 }
 
@@ -131,6 +177,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             Command::Finish { reports, .. } => self.finish_all(reports),
             Command::Expire { expired, .. } => Ok(self.expire_all(expired)),
             Command::RetryRun { run, .. } => self.retry_run(run).map(Response::Run),
+            Command::Batch { .. } => Err(CommandError::Invalid(
+                "commands: batches do not nest".into(),
+            )),
         }
     }
 

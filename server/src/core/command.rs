@@ -65,6 +65,12 @@ pub enum Command {
         run: RunId,
         now_ms: i64,
     },
+    /// Client commands grouped into one log entry (group commit). Each is
+    /// applied in order as if alone: one refused command changes nothing and
+    /// does not affect the others. Batches do not nest.
+    Batch {
+        commands: Vec<Command>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,4 +129,6 @@ pub enum Response {
     Error(CommandError),
     /// Blank and membership entries.
     Empty,
+    /// One response per command of a `Batch`, in order.
+    Many(Vec<Response>),
 }

@@ -16,6 +16,8 @@ pub mod limits {
     pub const ERROR_MAX_BYTES: usize = 4 * 1024;
     pub const FIRE_BATCH_MAX: usize = 4096;
     pub const FINISH_BATCH_MAX: usize = 4096;
+    /// Client commands grouped into one log entry.
+    pub const PROPOSAL_BATCH_MAX: usize = 1024;
     pub const PAGE_SIZE_MAX: usize = 1000;
     pub const PAGE_SIZE_DEFAULT: usize = 100;
     pub const PREVIEW_MAX: usize = 1000;

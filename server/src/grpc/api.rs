@@ -29,7 +29,12 @@ macro_rules! forward {
 
 impl Api {
     async fn write(&self, cmd: Command) -> Result<R, Status> {
-        match self.node.propose(cmd).await.map_err(error::propose)? {
+        match self
+            .node
+            .propose_grouped(cmd)
+            .await
+            .map_err(error::propose)?
+        {
             R::Error(e) => Err(error::command(e)),
             r => Ok(r),
         }
