@@ -274,7 +274,15 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
 
 async fn commit_finishes(node: Arc<Node>, mut rx: mpsc::Receiver<FinishItem>) {
     use rand::Rng;
-    while let Some(batch) = next_batch(&mut rx, limits::FINISH_BATCH_MAX).await {
+    // Few batches in flight, so finishes arriving meanwhile share the next entry.
+    let permits = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(batch) = next_batch(&mut rx, limits::FINISH_BATCH_MAX).await else {
+            return;
+        };
         let (mut reports, waiters): (Vec<FinishReport>, Vec<_>) = batch.into_iter().unzip();
         let mut rng = rand::thread_rng();
         for r in &mut reports {
@@ -308,6 +316,7 @@ async fn commit_finishes(node: Arc<Node>, mut rx: mpsc::Receiver<FinishItem>) {
                     .unwrap_or(Ok(()));
                 let _ = w.send(r);
             }
+            drop(permit);
         });
     }
 }

@@ -1177,11 +1177,21 @@ fn history_keeps_the_newest_records_per_job_and_never_an_active_run() {
 #[test]
 fn a_batch_applies_each_command_as_if_alone() {
     let mut sim = Sim::default();
-    let create = |id: &str| Command::CreateJob { spec: every(id, 1000), now_ms: T0 };
-    let a = sim.exec(Command::Batch { commands: vec![create("a"), create("a"), create("b")] });
-    let Response::Many(rs) = &a.response else { panic!("{:?}", a.response) };
+    let create = |id: &str| Command::CreateJob {
+        spec: every(id, 1000),
+        now_ms: T0,
+    };
+    let a = sim.exec(Command::Batch {
+        commands: vec![create("a"), create("a"), create("b")],
+    });
+    let Response::Many(rs) = &a.response else {
+        panic!("{:?}", a.response)
+    };
     assert!(matches!(rs[0], Response::Job(_)));
-    assert_eq!(rs[1], Response::Error(CommandError::AlreadyExists("a".into())));
+    assert_eq!(
+        rs[1],
+        Response::Error(CommandError::AlreadyExists("a".into()))
+    );
     assert!(matches!(rs[2], Response::Job(_)));
     assert_eq!((sim.job("a").revision, sim.job("b").revision), (1, 1));
     // The same commands one by one give the same state.
@@ -1190,7 +1200,9 @@ fn a_batch_applies_each_command_as_if_alone() {
         alone.exec(c);
     }
     assert_eq!(alone.view, sim.view);
-    let nested = Command::Batch { commands: vec![Command::Batch { commands: vec![] }] };
+    let nested = Command::Batch {
+        commands: vec![Command::Batch { commands: vec![] }],
+    };
     let a = sim.exec(nested);
     assert!(invalid_msg(&a).contains("a batch cannot contain a batch"));
     assert_nothing_done(&a);
