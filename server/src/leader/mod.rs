@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use openraft::ServerState;
 use rand::Rng;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::time::{sleep, Instant};
 
 use crate::core::{limits, Command, Effect, WheelKey};
@@ -137,6 +137,19 @@ impl Term {
         term.resync(now);
         let mut lease_tick = tokio::time::interval(LEASE_CHECK);
         loop {
+            // Effects first: under steady load there is always something due,
+            // and dispatch must not wait for a quiet moment.
+            loop {
+                match effects.try_recv() {
+                    Ok(batch) => term.on_effects(&batch),
+                    Err(TryRecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "effect channel lagged; resyncing from state");
+                        term.resync(term.node.clock.now_ms());
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Closed) => return Ok(()),
+                }
+            }
             let now = term.node.clock.now_ms();
             term.refill(now);
             let due: Vec<WheelKey> = term
