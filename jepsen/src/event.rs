@@ -116,6 +116,34 @@ pub struct Invoke {
     pub after_ms: Option<u64>,
 }
 
+impl Invoke {
+    /// An invocation with no value, revision or schedule fields set.
+    pub fn new(
+        op: u64,
+        process: u64,
+        node: u64,
+        time_ms: i64,
+        workload: Workload,
+        f: OpF,
+        key: &str,
+    ) -> Invoke {
+        Invoke {
+            op,
+            process,
+            node,
+            time_ms,
+            workload,
+            f,
+            key: key.to_string(),
+            value: None,
+            expected_revision: None,
+            every_ms: None,
+            at_ms: None,
+            after_ms: None,
+        }
+    }
+}
+
 /// `fail` means the operation certainly took no effect; `unknown` that it may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -189,7 +189,8 @@ impl Net {
     }
 }
 
-/// True when running as root with `ip` and `iptables` available.
+/// True when running as root with `ip` and `iptables` available and a
+/// namespace can actually be created.
 pub fn namespaces_available() -> bool {
     let root = std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -199,7 +200,15 @@ pub fn namespaces_available() -> bool {
                 .map(|l| l.split_whitespace().nth(1) == Some("0"))
         })
         .unwrap_or(false);
-    root && clean::quiet("ip", &["-V"]) && clean::quiet("iptables", &["--version"])
+    if !(root && clean::quiet("ip", &["-V"]) && clean::quiet("iptables", &["--version"])) {
+        return false;
+    }
+    // Root is not enough in some containers: try creating one.
+    let probe = format!("kjprobe{}", std::process::id());
+    let ok = clean::quiet("ip", &["netns", "add", &probe])
+        && clean::quiet("ip", &["netns", "exec", &probe, "iptables", "-L", "INPUT"]);
+    clean::quiet("ip", &["netns", "del", &probe]);
+    ok
 }
 
 #[cfg(test)]

@@ -338,7 +338,9 @@ async fn settle(
     let admin = live.ctx(admin_rx);
     ids.insert(probe(&admin, id).await);
     quiesce(&admin, &interval_ids).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Fires stopped: let the last assignments and finishes commit (the log
+    // goes quiet and every node applied it) before the workers stop.
+    final_state::wait_converged(&live.nodes, Duration::from_secs(10)).await;
     let _ = w.stop_workers.send(true);
     if let Some(t) = w.workers {
         let _ = t.await;

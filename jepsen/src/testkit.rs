@@ -9,20 +9,7 @@ use crate::event::*;
 pub const BASE_MS: i64 = 1_700_000_000_000;
 
 pub fn invoke(op: u64, process: u64, t: i64, workload: Workload, f: OpF, key: &str) -> Event {
-    Event::Invoke(Invoke {
-        op,
-        process,
-        node: 1,
-        time_ms: t,
-        workload,
-        f,
-        key: key.to_string(),
-        value: None,
-        expected_revision: None,
-        every_ms: None,
-        at_ms: None,
-        after_ms: None,
-    })
+    Event::Invoke(Invoke::new(op, process, 1, t, workload, f, key))
 }
 
 pub fn done(op: u64, process: u64, t: i64, outcome: Outcome) -> Event {

@@ -211,100 +211,60 @@ mod tests {
     use super::*;
     use crate::testkit::*;
 
-    fn run(events: Vec<Vec<crate::event::Event>>) -> CheckResult {
-        check(&History::from_events(events.concat()).unwrap())
+    const CREATE: OpF = OpF::Create;
+    const UPDATE: OpF = OpF::Update;
+    const GET: OpF = OpF::Get;
+    const DELETE: OpF = OpF::Delete;
+    const OK: Outcome = Outcome::Ok;
+    const FAIL: Outcome = Outcome::Fail;
+    const UNKNOWN: Outcome = Outcome::Unknown;
+
+    /// (op, process, t, f, value, expected_revision, outcome, revision, read_value)
+    type Row = (
+        u64,
+        u64,
+        i64,
+        OpF,
+        Option<u64>,
+        Option<u64>,
+        Outcome,
+        Option<u64>,
+        Option<u64>,
+    );
+
+    fn events(rows: &[Row]) -> Vec<crate::event::Event> {
+        rows.iter()
+            .flat_map(|&(op, p, t, f, v, exp, o, rev, read)| {
+                reg_op(op, p, t, f, v, exp, o, rev, read)
+            })
+            .collect()
+    }
+
+    fn run(rows: &[Row]) -> CheckResult {
+        check(&History::from_events(events(rows)).unwrap())
     }
 
     #[test]
     fn create_update_get_delete_sequence_is_valid() {
-        let r = run(vec![
-            reg_op(
-                1,
-                0,
-                10,
-                OpF::Create,
-                Some(1),
-                None,
-                Outcome::Ok,
-                Some(1),
-                None,
-            ),
-            reg_op(
-                2,
-                0,
-                30,
-                OpF::Update,
-                Some(2),
-                Some(1),
-                Outcome::Ok,
-                Some(2),
-                None,
-            ),
-            reg_op(
-                3,
-                1,
-                50,
-                OpF::Get,
-                None,
-                None,
-                Outcome::Ok,
-                Some(2),
-                Some(2),
-            ),
-            reg_op(
-                4,
-                1,
-                70,
-                OpF::Update,
-                Some(3),
-                Some(1),
-                Outcome::Fail,
-                None,
-                None,
-            ),
-            reg_op(5, 0, 90, OpF::Delete, None, None, Outcome::Ok, None, None),
-            reg_get_missing(6, 1, 110),
+        let mut e = events(&[
+            (1, 0, 10, CREATE, Some(1), None, OK, Some(1), None),
+            (2, 0, 30, UPDATE, Some(2), Some(1), OK, Some(2), None),
+            (3, 1, 50, GET, None, None, OK, Some(2), Some(2)),
+            (4, 1, 70, UPDATE, Some(3), Some(1), FAIL, None, None),
+            (5, 0, 90, DELETE, None, None, OK, None, None),
         ]);
+        e.extend(reg_get_missing(6, 1, 110));
+        let r = check(&History::from_events(e).unwrap());
         assert!(r.valid, "{r:?}");
         assert_eq!(r.counts["ops"], 6);
     }
 
     #[test]
     fn stale_read_is_flagged() {
-        let r = run(vec![
-            reg_op(
-                1,
-                0,
-                10,
-                OpF::Create,
-                Some(1),
-                None,
-                Outcome::Ok,
-                Some(1),
-                None,
-            ),
-            reg_op(
-                2,
-                0,
-                30,
-                OpF::Update,
-                Some(2),
-                Some(1),
-                Outcome::Ok,
-                Some(2),
-                None,
-            ),
-            reg_op(
-                3,
-                1,
-                50,
-                OpF::Get,
-                None,
-                None,
-                Outcome::Ok,
-                Some(1),
-                Some(1),
-            ),
+        let r = run(&[
+            (1, 0, 10, CREATE, Some(1), None, OK, Some(1), None),
+            (2, 0, 30, UPDATE, Some(2), Some(1), OK, Some(2), None),
+            (3, 1, 50, GET, None, None, OK, Some(1), Some(1)),
         ]);
         assert!(!r.valid);
         assert_eq!(r.counts["violations"], 1);
@@ -312,156 +272,36 @@ mod tests {
 
     #[test]
     fn two_cas_on_one_revision_cannot_both_win() {
-        let r = run(vec![
-            reg_op(
-                1,
-                0,
-                10,
-                OpF::Create,
-                Some(1),
-                None,
-                Outcome::Ok,
-                Some(1),
-                None,
-            ),
-            reg_op(
-                2,
-                0,
-                30,
-                OpF::Update,
-                Some(2),
-                Some(1),
-                Outcome::Ok,
-                Some(2),
-                None,
-            ),
-            reg_op(
-                3,
-                1,
-                31,
-                OpF::Update,
-                Some(3),
-                Some(1),
-                Outcome::Ok,
-                Some(3),
-                None,
-            ),
+        let r = run(&[
+            (1, 0, 10, CREATE, Some(1), None, OK, Some(1), None),
+            (2, 0, 30, UPDATE, Some(2), Some(1), OK, Some(2), None),
+            (3, 1, 31, UPDATE, Some(3), Some(1), OK, Some(3), None),
         ]);
         assert!(!r.valid, "{r:?}");
     }
 
     #[test]
     fn unknown_write_may_be_seen_later() {
-        let r = run(vec![
-            reg_op(
-                1,
-                0,
-                10,
-                OpF::Create,
-                Some(1),
-                None,
-                Outcome::Ok,
-                Some(1),
-                None,
-            ),
-            reg_op(
-                2,
-                0,
-                30,
-                OpF::Update,
-                Some(2),
-                Some(1),
-                Outcome::Unknown,
-                None,
-                None,
-            ),
-            reg_op(
-                3,
-                1,
-                50,
-                OpF::Get,
-                None,
-                None,
-                Outcome::Ok,
-                Some(1),
-                Some(1),
-            ),
-            reg_op(
-                4,
-                1,
-                70,
-                OpF::Get,
-                None,
-                None,
-                Outcome::Ok,
-                Some(7),
-                Some(2),
-            ),
-            reg_op(
-                5,
-                1,
-                90,
-                OpF::Update,
-                Some(5),
-                Some(7),
-                Outcome::Ok,
-                Some(8),
-                None,
-            ),
+        let r = run(&[
+            (1, 0, 10, CREATE, Some(1), None, OK, Some(1), None),
+            (2, 0, 30, UPDATE, Some(2), Some(1), UNKNOWN, None, None),
+            (3, 1, 50, GET, None, None, OK, Some(1), Some(1)),
+            (4, 1, 70, GET, None, None, OK, Some(7), Some(2)),
+            (5, 1, 90, UPDATE, Some(5), Some(7), OK, Some(8), None),
         ]);
         assert!(r.valid, "{r:?}");
     }
 
     #[test]
     fn duplicate_create_must_see_existing_job() {
-        let ok = run(vec![
-            reg_op(
-                1,
-                0,
-                10,
-                OpF::Create,
-                Some(1),
-                None,
-                Outcome::Ok,
-                Some(1),
-                None,
-            ),
-            reg_op(
-                2,
-                1,
-                30,
-                OpF::Create,
-                Some(2),
-                None,
-                Outcome::Fail,
-                None,
-                None,
-            ),
+        let ok = run(&[
+            (1, 0, 10, CREATE, Some(1), None, OK, Some(1), None),
+            (2, 1, 30, CREATE, Some(2), None, FAIL, None, None),
         ]);
         assert!(ok.valid, "{ok:?}");
-        let bad = run(vec![
-            reg_op(
-                2,
-                1,
-                30,
-                OpF::Create,
-                Some(2),
-                None,
-                Outcome::Fail,
-                None,
-                None,
-            ),
-            reg_op(
-                1,
-                0,
-                60,
-                OpF::Create,
-                Some(1),
-                None,
-                Outcome::Ok,
-                Some(1),
-                None,
-            ),
+        let bad = run(&[
+            (2, 1, 30, CREATE, Some(2), None, FAIL, None, None),
+            (1, 0, 60, CREATE, Some(1), None, OK, Some(1), None),
         ]);
         assert!(!bad.valid, "ALREADY_EXISTS on an absent job: {bad:?}");
     }

@@ -61,20 +61,7 @@ pub enum Reply {
 
 /// A fresh invocation; `execute` fills in op id and time.
 pub fn invocation(process: u64, node: u64, workload: Workload, f: OpF, key: &str) -> Invoke {
-    Invoke {
-        op: 0,
-        process,
-        node,
-        time_ms: 0,
-        workload,
-        f,
-        key: key.to_string(),
-        value: None,
-        expected_revision: None,
-        every_ms: None,
-        at_ms: None,
-        after_ms: None,
-    }
+    Invoke::new(0, process, node, 0, workload, f, key)
 }
 
 /// Records `inv`, runs `call` under the context's timeout, records and

@@ -19,6 +19,8 @@ use tokio::sync::mpsc;
 pub const MAX_PENDING_CANCELS: usize = 1_024;
 const CREATOR_BASE: u64 = 2_000;
 const CANCELLER_BASE: u64 = 3_000;
+/// The canceller's wait with nothing queued (a new cancel or stop wakes it).
+const IDLE_WAIT: Duration = Duration::from_secs(3_600);
 
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
@@ -86,8 +88,9 @@ async fn cancel_loop(ctx: Ctx, mut rx: mpsc::Receiver<(i64, String)>) {
     let mut open = true;
     let mut n = 0usize;
     while open || !due.is_empty() {
-        let wait_ms = due.peek().map_or(200, |Reverse((at, _))| {
-            (at - ctx.rec.now_ms()).clamp(0, 200)
+        // Wake at the next cancel's time, on a new cancel, or on stop.
+        let wait = due.peek().map_or(IDLE_WAIT, |Reverse((at, _))| {
+            Duration::from_millis((at - ctx.rec.now_ms()).max(0) as u64)
         });
         tokio::select! {
             m = rx.recv(), if open => match m {
@@ -95,7 +98,7 @@ async fn cancel_loop(ctx: Ctx, mut rx: mpsc::Receiver<(i64, String)>) {
                 Some(_) => {}
                 None => open = false,
             },
-            _ = tokio::time::sleep(Duration::from_millis(wait_ms as u64)) => {}
+            _ = ctx.sleep_or_stop(wait) => {}
         }
         if ctx.stopped() {
             return;
