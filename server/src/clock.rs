@@ -141,7 +141,11 @@ impl ClusterClock {
             cluster_ms,
             mono_ms: mono,
         });
-        self.calibrated.store(true, Ordering::Relaxed);
+        // Readings taken before a quorum was measured (the plain wall clock,
+        // possibly skewed ahead) must not hold cluster time up as a floor.
+        if !self.calibrated.swap(true, Ordering::Relaxed) {
+            self.last_ms.store(i64::MIN, Ordering::Relaxed);
+        }
         let offsets = projected.into_iter().map(|(p, t)| (p, t - own)).collect();
         *self.peer_offsets.lock().unwrap_or_else(|e| e.into_inner()) = offsets;
     }
@@ -245,6 +249,16 @@ mod tests {
         set(&local, 91_500, 1_500);
         c.update(&[sample(2, 101_500, 1_500), sample(3, 101_500, 1_500)], 3);
         assert_eq!(c.now_ms(), 101_500);
+    }
+
+    #[test]
+    fn an_uncalibrated_reading_skewed_ahead_is_not_a_floor() {
+        let local = step_clock(130_000);
+        let c = ClusterClock::new(local.clone());
+        assert_eq!(c.now_ms(), 130_000, "before any probe: the wall clock");
+        set(&local, 100_100, 100);
+        c.update(&[sample(2, 100_100, 100), sample(3, 100_100, 100)], 3);
+        assert_eq!(c.now_ms(), 100_100);
     }
 
     #[test]

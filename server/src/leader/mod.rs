@@ -76,16 +76,27 @@ fn stop(node: &Node, task: Option<(u64, tokio::task::JoinHandle<()>)>) {
 async fn lead(node: Arc<Node>) {
     // Aborted with this task when leadership ends.
     let _prober = AbortOnDrop(tokio::spawn(probe_clocks(node.clone())));
+    let mut backoff = Duration::from_millis(250);
     loop {
+        let started = tokio::time::Instant::now();
         let res = tokio::select! {
             r = Term::start(node.clone()) => r,
             r = watch_quorum(&node) => r,
         };
-        if let Err(e) = res {
-            tracing::warn!("leader work stopped: {e}; dropping worker streams");
-        }
         node.dispatcher.clear();
-        sleep(Duration::from_millis(500)).await;
+        // A leader cut off from its quorum fails fast and repeatedly: back
+        // off (up to 2 s) and say so once per attempt, not twice a second.
+        backoff = if started.elapsed() > Duration::from_secs(10) {
+            Duration::from_millis(500)
+        } else {
+            (backoff * 2).min(Duration::from_secs(2))
+        };
+        if let Err(e) = res {
+            tracing::warn!(
+                "leader work stopped: {e}; dropping worker streams, retrying in {backoff:?}"
+            );
+        }
+        sleep(backoff).await;
     }
 }
 
