@@ -55,9 +55,9 @@ impl Config {
             peers,
             // openraft uses the heartbeat interval as the AppendEntries timeout,
             // so it must cover a large batch plus the follower's fsync under load.
-            heartbeat_ms: 150,
-            election_min_ms: 500,
-            election_max_ms: 1000,
+            heartbeat_ms: 100,
+            election_min_ms: 400,
+            election_max_ms: 800,
             snapshot_logs: 10_000,
             keep_logs: 1_000,
             clock: Arc::new(SystemClock),

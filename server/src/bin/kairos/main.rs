@@ -57,11 +57,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1_000)]
     keep_logs: u64,
     /// Leader heartbeat; also openraft's AppendEntries timeout.
-    #[arg(long, default_value_t = 150)]
+    #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 400)]
     election_min_ms: u64,
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 800)]
     election_max_ms: u64,
 }
 
