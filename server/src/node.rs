@@ -38,6 +38,8 @@ pub struct Config {
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot for slow followers.
     pub keep_logs: u64,
+    /// Bytes of sled's page cache (the storage engine's in-memory part).
+    pub cache_bytes: u64,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -60,12 +62,18 @@ impl Config {
             election_max_ms: 800,
             snapshot_logs: 10_000,
             keep_logs: 1_000,
+            cache_bytes: 1 << 30,
             clock: Arc::new(SystemClock),
         }
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.id > 0, "id: must be at least 1");
+        anyhow::ensure!(
+            (1 << 20..=64 << 30).contains(&self.cache_bytes),
+            "cache-mb: must be between 1 and 65536, got {}",
+            self.cache_bytes >> 20
+        );
         anyhow::ensure!(
             self.peers.get(&self.id).is_some(),
             "peers: must include this node's own id {} (e.g. --peers {}={})",
@@ -411,7 +419,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let (log, sm) = store::open(&config.data_dir, Default::default())?;
+    let (log, sm) = store::open(&config.data_dir, config.cache_bytes, Default::default())?;
     let raft_config = Arc::new(config.raft_config()?);
     let raft = Raft::new(
         config.id,

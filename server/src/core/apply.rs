@@ -225,24 +225,36 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         get(&self.o, &keys::run(id))
     }
 
+    /// The job's policy (the default for a job deleted meanwhile).
+    fn policy(&self, job: &str) -> Policy {
+        self.job(job).map(|j| j.policy).unwrap_or_default()
+    }
+
+    /// Writes the run record and keeps its active-index entry in step.
     fn save_run(&mut self, run: &Run) {
-        self.put(keys::run(&run.id), run);
         if run.state.is_terminal() {
+            self.put(keys::run(&run.id), run);
             self.o.delete(keys::active(&run.id));
         } else {
-            let policy = self.job(&run.id.job).map(|j| j.policy).unwrap_or_default();
-            let active = ActiveRun {
-                group: run.group.clone(),
-                priority: run.priority,
-                state: run.state,
-                attempt: run.attempt,
-                timeout_ms: policy.timeout_ms,
-                route: policy.route,
-                worker: run.worker.clone(),
-                shard_count: run.shard_count,
-            };
-            self.put(keys::active(&run.id), &active);
+            let policy = self.policy(&run.id.job);
+            self.save_live_run(run, &policy);
         }
+    }
+
+    /// `save_run` for a run that is not terminal, with its job's policy at hand.
+    fn save_live_run(&mut self, run: &Run, policy: &Policy) {
+        self.put(keys::run(&run.id), run);
+        let active = ActiveRun {
+            group: run.group.clone(),
+            priority: run.priority,
+            state: run.state,
+            attempt: run.attempt,
+            timeout_ms: policy.timeout_ms,
+            route: policy.route.clone(),
+            worker: run.worker.clone(),
+            shard_count: run.shard_count,
+        };
+        self.put(keys::active(&run.id), &active);
     }
 
     fn schedule_entry(&mut self, key: WheelKey) {
@@ -476,20 +488,20 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         run.attempt += 1;
         run.state = RunState::Pending;
         run.worker.clear();
-        self.ready(&run);
-        self.save_run(&run);
+        let policy = self.policy(&id.job);
+        self.ready(&run, &policy);
+        self.save_live_run(&run, &policy);
         true
     }
 
-    fn ready(&mut self, run: &Run) {
-        let policy = self.job(&run.id.job).map(|j| j.policy).unwrap_or_default();
+    fn ready(&mut self, run: &Run, policy: &Policy) {
         self.effects.push(Effect::Ready(ReadyRun {
             run: run.id.clone(),
             attempt: run.attempt,
             group: run.group.clone(),
             priority: run.priority,
             timeout_ms: policy.timeout_ms,
-            route: policy.route,
+            route: policy.route.clone(),
             shard_count: run.shard_count,
         }));
     }
@@ -579,8 +591,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         for shard in 0..shards {
             let id = RunId::shard(&job.id, scheduled, shard);
             let run = self.new_run(job, id, shards, RunState::Pending, note.clone());
-            self.ready(&run);
-            self.save_run(&run);
+            self.ready(&run, &job.policy);
+            self.save_live_run(&run, &job.policy);
         }
         job.active_runs += shards;
         self.trim_history(job, shards as u64);
@@ -648,9 +660,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             };
             if run.attempt == *attempt && matches!(run.state, RunState::Pending | RunState::Running)
             {
+                // The active-index entry is not rewritten: it keeps what
+                // dispatch needs, and a new leader reads state and worker
+                // from the run record (`StateMachine::active_runs`).
                 run.state = RunState::Running;
                 run.worker = worker.clone();
-                self.save_run(&run);
+                self.put(keys::run(&run.id), &run);
             }
         }
         Response::Empty
@@ -734,7 +749,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     /// Retries with exponential backoff while attempts remain, else ends the run as `last`.
     fn fail_attempt(&mut self, mut run: Run, retryable: bool, last: RunState, jitter_ms: u64) {
-        let policy = self.job(&run.id.job).map(|j| j.policy).unwrap_or_default();
+        let policy = self.policy(&run.id.job);
         if retryable && run.attempt < policy.max_attempts {
             let exp = (run.attempt - 1).min(20);
             let backoff = policy
@@ -754,7 +769,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 attempt: run.attempt,
             });
             self.schedule_entry(WheelKey::retry(&run.id, at));
-            self.save_run(&run);
+            self.save_live_run(&run, &policy);
         } else {
             self.conclude(run, last);
         }
@@ -791,8 +806,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         run.error.clear();
         run.received_at_ms = 0;
         job.active_runs += 1;
-        self.ready(&run);
-        self.save_run(&run);
+        self.ready(&run, &job.policy);
+        self.save_live_run(&run, &job.policy);
         self.put(keys::job(&job.id), &job);
         Ok(run)
     }

@@ -17,6 +17,8 @@ pub const META_LAST_APPLIED: &[u8] = b"mlast_applied";
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 /// Largest `now` any applied command carried: state-machine time never goes back.
 pub const META_TIME: &[u8] = b"mtime";
+/// Present while a snapshot is being loaded into the state (see `store::sm`).
+pub const META_RESTORING: &[u8] = b"mrestoring";
 
 /// On-disk format version of the state space. 2: run ids and retry
 /// entries carry a shard; policies carry route and fan-out.

@@ -56,6 +56,10 @@
 //! build, as `croner` walks to the year 4999); callers should treat a `None`
 //! at creation time as a dead schedule rather than ask again.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
 use chrono::{DateTime, LocalResult, NaiveDateTime, TimeZone};
 use chrono_tz::Tz;
 use croner::errors::CronError;
@@ -190,7 +194,7 @@ impl Schedule {
     /// Checks every rule and prepares the schedule for occurrence searches.
     fn compile(&self) -> Result<Compiled, ScheduleError> {
         match self {
-            Schedule::Cron { expr, tz } => Ok(Compiled::Cron(Box::new(parse_cron(expr, tz)?))),
+            Schedule::Cron { expr, tz } => Ok(Compiled::Cron(cached_cron(expr, tz)?)),
             Schedule::Every {
                 every_ms,
                 anchor_ms,
@@ -218,8 +222,8 @@ impl Schedule {
 
 /// A validated schedule, ready to search.
 enum Compiled {
-    // Boxed: the parsed pattern is large and the other variants are tiny.
-    Cron(Box<ParsedCron>),
+    // Shared with the parse cache; the other variants are tiny.
+    Cron(Rc<ParsedCron>),
     Every { every_ms: u64, anchor_ms: i64 },
     Once { at_ms: i64 },
 }
@@ -376,6 +380,36 @@ fn local_wall_clock(tz: Tz, unix_s: i64) -> Result<NaiveDateTime, ScheduleError>
 }
 
 /// Validates and parses a cron expression and its zone.
+/// Parsed patterns per thread, by zone and then expression, at most this many.
+const CRON_CACHE_MAX: usize = 4096;
+
+thread_local! {
+    static CRON_CACHE: RefCell<HashMap<String, HashMap<String, Rc<ParsedCron>>>> =
+        RefCell::new(HashMap::new());
+}
+
+/// `parse_cron` through a small per-thread cache. Parsing costs far more
+/// than an occurrence search and every fire of a cron job searches, mostly
+/// over the same few patterns. Parsing is pure, so the cache cannot change a
+/// result; failures are not cached. When full it is simply emptied.
+fn cached_cron(expr: &str, tz: &str) -> Result<Rc<ParsedCron>, ScheduleError> {
+    let hit = CRON_CACHE.with(|c| c.borrow().get(tz).and_then(|m| m.get(expr)).cloned());
+    if let Some(parsed) = hit {
+        return Ok(parsed);
+    }
+    let parsed = Rc::new(parse_cron(expr, tz)?);
+    CRON_CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.values().map(HashMap::len).sum::<usize>() >= CRON_CACHE_MAX {
+            c.clear();
+        }
+        c.entry(tz.to_string())
+            .or_default()
+            .insert(expr.to_string(), parsed.clone());
+    });
+    Ok(parsed)
+}
+
 fn parse_cron(expr: &str, tz: &str) -> Result<ParsedCron, ScheduleError> {
     if expr.len() > MAX_CRON_EXPR_BYTES {
         return Err(ScheduleError::CronTooLong { len: expr.len() });
@@ -520,6 +554,30 @@ mod tests {
     use super::*;
     use chrono::{NaiveDate, Utc};
     use std::collections::BTreeSet;
+
+    #[test]
+    fn the_parse_cache_changes_no_result_and_keeps_no_error() {
+        let cron = |expr: &str, tz: &str| Schedule::Cron {
+            expr: expr.into(),
+            tz: tz.into(),
+        };
+        let a = cron("0 30 2 * * *", "Europe/Berlin");
+        let first = a.preview(0, 5).unwrap();
+        for _ in 0..3 {
+            assert_eq!(a.preview(0, 5).unwrap(), first);
+        }
+        // Same expression, other zone: its own entry, other instants.
+        let b = cron("0 30 2 * * *", "UTC");
+        assert_ne!(b.preview(0, 5).unwrap(), first);
+        assert!(cron("61 * * * * *", "UTC").next_after(0).is_err());
+        assert!(cron("61 * * * * *", "UTC").next_after(0).is_err());
+        // Past the bound the cache empties and refills with the same answers.
+        for i in 0..CRON_CACHE_MAX + 10 {
+            let expr = format!("{} {} {} * * *", i % 60, (i / 60) % 60, i / 3600);
+            cron(&expr, "UTC").next_after(0).unwrap();
+        }
+        assert_eq!(a.preview(0, 5).unwrap(), first);
+    }
 
     /// Unix ms of a UTC calendar time.
     fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {

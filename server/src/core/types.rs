@@ -385,8 +385,9 @@ pub struct ActiveRun {
     pub attempt: u32,
     pub timeout_ms: u64,
     pub route: Route,
-    /// Worker of the current attempt as last recorded (empty until assigned),
-    /// so a new leader can still steer the retry of an expired attempt elsewhere.
+    /// Worker of the attempt when the entry was written. `Assign` does not
+    /// rewrite the entry: readers take state, attempt and worker from the
+    /// run record (so a new leader can steer a retry away from that worker).
     pub worker: String,
     pub shard_count: u32,
 }

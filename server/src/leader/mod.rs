@@ -10,6 +10,7 @@ pub mod wheel;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use openraft::ServerState;
 use rand::Rng;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
@@ -29,6 +30,9 @@ const LEASE_CHECK: Duration = Duration::from_millis(100);
 const CLOCK_PROBE: Duration = Duration::from_millis(1000);
 const QUORUM_CHECK: Duration = Duration::from_millis(1000);
 const QUORUM_LOST: Duration = Duration::from_millis(2000);
+/// Fire proposals in flight at once: the next batch replicates while the
+/// previous one applies, and keys due meanwhile gather into the next batch.
+const FIRES_IN_FLIGHT: usize = 2;
 
 /// Watches Raft metrics and runs the leader's tasks for as long as this node leads.
 pub async fn supervise(node: Arc<Node>) {
@@ -147,6 +151,7 @@ impl Term {
         };
         term.resync(now);
         let mut lease_tick = tokio::time::interval(LEASE_CHECK);
+        let mut firing = FuturesUnordered::new();
         loop {
             // Effects first: under steady load there is always something due,
             // and dispatch must not wait for a quiet moment.
@@ -163,23 +168,29 @@ impl Term {
             }
             let now = term.node.clock.now_ms();
             term.refill(now);
-            let due: Vec<WheelKey> = term
-                .wheel
-                .advance(now, limits::FIRE_BATCH_MAX)
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect();
-            if !due.is_empty() {
-                term.fire(now, due).await?;
-                continue;
+            let can_fire = firing.len() < FIRES_IN_FLIGHT;
+            if can_fire {
+                let due: Vec<WheelKey> = term
+                    .wheel
+                    .advance(now, limits::FIRE_BATCH_MAX)
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .collect();
+                if !due.is_empty() {
+                    firing.push(propose_fire(term.node.clone(), now, due));
+                    continue;
+                }
             }
-            let wake_ms = term
-                .wheel
-                .next_due_ms()
-                .unwrap_or(now + 1000)
-                .min(now + 1000);
+            // With the pipeline full, a finished proposal is what wakes us.
+            let wake_ms = match term.wheel.next_due_ms() {
+                Some(at) if can_fire => at.min(now + 1000),
+                _ => now + 1000,
+            };
             let wake = Instant::now() + Duration::from_millis((wake_ms - now).max(0) as u64);
             tokio::select! {
+                // A fire that did not commit ends the term; the next one
+                // rebuilds the wheel from replicated state, keys included.
+                Some(r) = firing.next(), if !firing.is_empty() => r?,
                 r = effects.recv() => match r {
                     Ok(batch) => term.on_effects(&batch),
                     Err(RecvError::Lagged(n)) => {
@@ -236,28 +247,6 @@ impl Term {
         }
     }
 
-    async fn fire(&mut self, now: i64, keys: Vec<WheelKey>) -> anyhow::Result<()> {
-        match self
-            .node
-            .propose(Command::Fire {
-                now_ms: now,
-                keys: keys.clone(),
-                widths: self.node.dispatcher.widths(),
-            })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                // Not committed (as far as we know): keep the keys so a retry can fire them.
-                for k in keys {
-                    let at = k.fire_at_ms;
-                    self.wheel.insert(k, at);
-                }
-                Err(e.into())
-            }
-        }
-    }
-
     fn on_effects(&mut self, batch: &[Effect]) {
         let d = &self.node.dispatcher;
         for e in batch {
@@ -300,6 +289,18 @@ impl Term {
             }
         });
     }
+}
+
+/// Proposes one batch of due keys. Apply decides which of them fire.
+async fn propose_fire(node: Arc<Node>, now: i64, keys: Vec<WheelKey>) -> anyhow::Result<()> {
+    let widths = node.dispatcher.widths();
+    node.propose(Command::Fire {
+        now_ms: now,
+        keys,
+        widths,
+    })
+    .await?;
+    Ok(())
 }
 
 /// Measures every voter's clock (concurrently) and updates cluster time.

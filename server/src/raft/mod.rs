@@ -3,8 +3,6 @@
 
 pub mod network;
 
-use std::io::Cursor;
-
 use crate::core::{Command, Response};
 
 openraft::declare_raft_types!(
@@ -15,7 +13,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

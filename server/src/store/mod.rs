@@ -5,6 +5,7 @@
 pub mod kv;
 pub mod log;
 pub mod sm;
+pub mod snapfile;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -27,11 +28,17 @@ pub enum StoreError {
 }
 
 /// Opens (or creates) the database in `dir` and returns its log and state-machine stores.
-pub fn open(dir: &Path, sm_opts: sm::Options) -> Result<(LogStore, StateMachine), StoreError> {
+/// `cache_bytes` bounds sled's page cache; the rest of the state stays on disk.
+pub fn open(
+    dir: &Path,
+    cache_bytes: u64,
+    sm_opts: sm::Options,
+) -> Result<(LogStore, StateMachine), StoreError> {
     std::fs::create_dir_all(dir).map_err(|e| StoreError::Sled(e.into()))?;
     let db = sled::Config::new()
         .path(dir.join("db"))
         .mode(sled::Mode::HighThroughput)
+        .cache_capacity(cache_bytes)
         .open()?;
     let db = Arc::new(db);
     let log = LogStore::open(db.clone())?;

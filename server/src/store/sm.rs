@@ -4,17 +4,16 @@
 //! are taken under the apply lock, so they are a point-in-time view at
 //! `last_applied`.
 
-use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, Mutex};
 
 use super::kv::{KvTree, TreeView};
+use super::snapfile;
 use super::StoreError;
 use crate::core::codec::{decode, encode};
 use crate::core::{self, keys, Effect, Job, Overlay, Response, Run, RunId, StateView, WheelKey};
@@ -51,12 +50,6 @@ struct Inner {
     effects: broadcast::Sender<EffectBatch>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct SnapshotFile {
-    version: u32,
-    pairs: Vec<(Vec<u8>, Vec<u8>)>,
-}
-
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_state_machine(openraft::AnyError::new(&e)).into()
 }
@@ -68,6 +61,11 @@ fn snap_err(e: impl std::error::Error + 'static) -> StorageError {
 impl StateMachine {
     pub fn open(db: Arc<sled::Db>, dir: &Path, opts: Options) -> Result<Self, StoreError> {
         let tree = db.open_tree("state")?;
+        let snapshot_path = dir.join("snapshot.bin");
+        if KvTree::get(&tree, keys::META_RESTORING)?.is_some() {
+            tracing::warn!("a snapshot install was interrupted; loading {snapshot_path:?} again");
+            restore(&tree, &snapshot_path).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        }
         match KvTree::get(&tree, keys::META_VERSION)? {
             None => {
                 tree.insert(keys::META_VERSION, encode(&keys::STATE_VERSION))?;
@@ -85,7 +83,6 @@ impl StateMachine {
             }
         }
         let (effects, _) = broadcast::channel(opts.effect_capacity);
-        let snapshot_path = dir.join("snapshot.bin");
         let inner = Inner {
             db,
             tree,
@@ -178,12 +175,23 @@ impl StateMachine {
     }
 
     /// Every run that is not terminal (bounded by the number of active runs).
+    /// State, attempt and worker come from the run record: an `Assign`
+    /// updates only the record, not the active-index entry.
     pub fn active_runs(&self, limit: usize) -> Vec<(RunId, core::ActiveRun)> {
         let rows = self
             .view()
             .range(&[keys::ACTIVE], &[keys::ACTIVE + 1], limit);
         rows.iter()
-            .filter_map(|(k, v)| Some((keys::run_id_from(k)?, decode(v).ok()?)))
+            .filter_map(|(k, v)| {
+                let id = keys::run_id_from(k)?;
+                let mut a: core::ActiveRun = decode(v).ok()?;
+                if let Some(run) = self.get_run(&id) {
+                    a.state = run.state;
+                    a.attempt = run.attempt;
+                    a.worker = run.worker;
+                }
+                Some((id, a))
+            })
             .collect()
     }
 
@@ -246,62 +254,132 @@ impl StateMachine {
         Ok((responses, effects))
     }
 
-    async fn write_snapshot_file(
-        &self,
-        meta: &SnapshotMeta,
-        data: &[u8],
-    ) -> Result<(), StorageError> {
-        let tmp = self.inner.snapshot_path.with_extension("tmp");
-        let bytes = encode(&(meta.clone(), data.to_vec()));
-        let path = self.inner.snapshot_path.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write as _;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        })
-        .await
-        .map_err(snap_err)?
-        .map_err(snap_err)
-    }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    /// Streams the state to `snapshot.tmp` under the apply lock (a
+    /// point-in-time view), then syncs it and renames it over `snapshot.bin`.
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let (meta, data) = {
-            let _g = self.inner.apply_lock.lock().await;
+        let inner = self.inner.clone();
+        let tmp = inner.snapshot_path.with_extension("tmp");
+        let writer = {
+            let _g = inner.apply_lock.lock().await;
             // State must be durable before the log behind it may be purged.
-            self.inner.db.flush_async().await.map_err(snap_err)?;
-            let mut pairs = Vec::new();
-            self.inner
-                .tree
-                .for_each(&mut |k, v| pairs.push((k.to_vec(), v.to_vec())))
-                .map_err(snap_err)?;
-            let last = self.last_applied();
-            let membership = self.membership();
-            let id = match last {
-                Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, pairs.len()),
-                None => format!("0-0-{}", pairs.len()),
-            };
+            inner.db.flush_async().await.map_err(snap_err)?;
             let meta = SnapshotMeta {
-                last_log_id: last,
-                last_membership: membership,
-                snapshot_id: id,
+                last_log_id: self.last_applied(),
+                last_membership: self.membership(),
+                snapshot_id: match self.last_applied() {
+                    Some(l) => format!("{}-{}", l.leader_id.term, l.index),
+                    None => "0-0".into(),
+                },
             };
-            (
-                meta,
-                encode(&SnapshotFile {
-                    version: keys::STATE_VERSION,
-                    pairs,
-                }),
-            )
+            let (tree, tmp) = (inner.tree.clone(), tmp.clone());
+            blocking(move || {
+                let mut w = snapfile::Writer::create(&tmp, keys::STATE_VERSION, &meta)?;
+                for pair in tree.iter() {
+                    let (k, v) = pair.map_err(std::io::Error::other)?;
+                    w.pair(&k, &v)?;
+                }
+                Ok((w, meta))
+            })
+            .await?
         };
-        self.write_snapshot_file(&meta, &data).await?;
+        let (writer, meta) = writer;
+        let path = inner.snapshot_path.clone();
+        blocking(move || {
+            writer.finish()?;
+            std::fs::rename(&tmp, &path)?;
+            sync_dir(&path)
+        })
+        .await?;
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Box::new(self.open_snapshot_data().await?),
         })
+    }
+}
+
+/// Runs blocking file and tree work off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(snap_err)?
+        .map_err(snap_err)
+}
+
+/// Makes a rename in the file's directory durable.
+fn sync_dir(file: &Path) -> std::io::Result<()> {
+    match file.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// Pairs written per sled batch while a snapshot is loaded.
+const RESTORE_BATCH: usize = 4096;
+
+/// Replaces the whole state with the pairs of a snapshot file. A marker key
+/// is written first and removed with the last batch: a node that crashes
+/// midway finds it on open and loads the file again.
+fn restore(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
+    let mut reader = snapfile::Reader::open(path)?;
+    if reader.version != keys::STATE_VERSION {
+        return Err(std::io::Error::other(format!(
+            "snapshot format version {}, this binary understands {}",
+            reader.version,
+            keys::STATE_VERSION
+        )));
+    }
+    let io = std::io::Error::other;
+    tree.insert(keys::META_RESTORING, &[][..]).map_err(io)?;
+    tree.flush().map_err(io)?;
+    // Delete everything but the marker, in bounded batches.
+    loop {
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for k in tree.iter().keys() {
+            let k = k.map_err(io)?;
+            if &*k != keys::META_RESTORING {
+                batch.remove(k);
+                n += 1;
+            }
+            if n == RESTORE_BATCH {
+                break;
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        tree.apply_batch(batch).map_err(io)?;
+    }
+    let mut batch = sled::Batch::default();
+    let mut n = 0;
+    while let Some((k, v)) = reader.next_pair()? {
+        batch.insert(k, v);
+        n += 1;
+        if n == RESTORE_BATCH {
+            tree.apply_batch(std::mem::take(&mut batch)).map_err(io)?;
+            n = 0;
+        }
+    }
+    batch.remove(keys::META_RESTORING);
+    tree.apply_batch(batch).map_err(io)?;
+    tree.flush().map_err(io)?;
+    Ok(())
+}
+
+impl StateMachine {
+    async fn open_snapshot_data(&self) -> Result<tokio::fs::File, StorageError> {
+        tokio::fs::File::open(&self.inner.snapshot_path)
+            .await
+            .map_err(snap_err)
+    }
+
+    fn receive_path(&self) -> PathBuf {
+        self.inner.snapshot_path.with_extension("recv")
     }
 }
 
@@ -333,45 +411,139 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    /// Chunks from the leader are written straight to `snapshot.recv`.
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let f = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self.receive_path())
+            .await
+            .map_err(snap_err)?;
+        Ok(Box::new(f))
     }
 
+    /// Checks the received file, makes it the current snapshot, then loads it.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
-        let data = snapshot.into_inner();
-        let file: SnapshotFile = decode(&data).map_err(snap_err)?;
-        if file.version != keys::STATE_VERSION {
-            let e = StoreError::Corrupt(format!("snapshot format version {}", file.version));
+        snapshot.sync_all().await.map_err(snap_err)?;
+        drop(snapshot);
+        let recv = self.receive_path();
+        let header = {
+            let recv = recv.clone();
+            blocking(move || snapfile::Reader::open(&recv)).await?
+        };
+        if header.meta.last_log_id != meta.last_log_id || header.version != keys::STATE_VERSION {
+            let e = StoreError::Corrupt(format!(
+                "received snapshot holds {:?} (format {}), expected {:?} (format {})",
+                header.meta.last_log_id,
+                header.version,
+                meta.last_log_id,
+                keys::STATE_VERSION
+            ));
             return Err(snap_err(e));
         }
-        {
-            let _g = self.inner.apply_lock.lock().await;
-            self.inner.tree.clear().map_err(snap_err)?;
-            let writes: Vec<core::Write> = file
-                .pairs
-                .into_iter()
-                .map(|(k, v)| core::Write::Put(k, v))
-                .collect();
-            self.inner.tree.apply(&writes).map_err(snap_err)?;
-            self.inner.db.flush_async().await.map_err(snap_err)?;
-        }
-        self.write_snapshot_file(meta, &data).await
+        drop(header);
+        let _g = self.inner.apply_lock.lock().await;
+        let (tree, path) = (self.inner.tree.clone(), self.inner.snapshot_path.clone());
+        blocking(move || {
+            std::fs::rename(&recv, &path)?;
+            sync_dir(&path)?;
+            restore(&tree, &path)
+        })
+        .await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let bytes = match tokio::fs::read(&self.inner.snapshot_path).await {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(snap_err(e)),
-        };
-        let (meta, data): (SnapshotMeta, Vec<u8>) = decode(&bytes).map_err(snap_err)?;
+        let path = self.inner.snapshot_path.clone();
+        if !tokio::fs::try_exists(&path).await.map_err(snap_err)? {
+            return Ok(None);
+        }
+        let header = blocking(move || snapfile::Reader::open(&path)).await?;
         Ok(Some(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
+            meta: header.meta,
+            snapshot: Box::new(self.open_snapshot_data().await?),
         }))
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Command, JobSpec, Policy, ScheduleInput};
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn create(i: u64) -> Entry {
+        let spec = JobSpec {
+            id: format!("job-{i}"),
+            schedule: ScheduleInput::Every { every_ms: 1000 + i },
+            group: "g".into(),
+            payload: vec![i as u8; 100],
+            policy: Policy::default(),
+        };
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+            payload: EntryPayload::Normal(Command::CreateJob {
+                spec,
+                now_ms: 1_000_000,
+            }),
+        }
+    }
+
+    fn open(dir: &Path) -> StateMachine {
+        super::super::open(dir, 8 << 20, Default::default()).unwrap().1
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_streams_to_another_node_and_an_interrupted_install_is_redone() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut a = open(a_dir.path());
+        a.apply((1..=500).map(create)).await.unwrap();
+        let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(500));
+        let current = a.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, snap.meta);
+
+        let mut b = open(b_dir.path());
+        b.apply((1..=3).map(create)).await.unwrap(); // stale state the install must replace
+        let mut rx = b.begin_receiving_snapshot().await.unwrap();
+        let mut data = snap.snapshot;
+        tokio::io::copy(&mut data, &mut *rx).await.unwrap();
+        b.install_snapshot(&snap.meta, rx).await.unwrap();
+        let want = a.digest().await;
+        assert_eq!(b.digest().await, want);
+        assert_eq!(b.get_job("job-500").map(|j| j.payload.len()), Some(100));
+
+        // A crash midway through an install leaves the marker: open loads the file again.
+        b.inner.tree.insert(keys::META_RESTORING, &[][..]).unwrap();
+        b.inner.tree.insert(b"jhalf-written", &b"x"[..]).unwrap();
+        b.inner.tree.remove(keys::job("job-7")).unwrap();
+        b.inner.db.flush().unwrap();
+        drop(b);
+        let b = open(b_dir.path());
+        assert_eq!(b.digest().await, want);
+    }
+
+    #[tokio::test]
+    async fn a_received_snapshot_for_another_log_id_is_refused_and_changes_nothing() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut a = open(a_dir.path());
+        a.apply((1..=5).map(create)).await.unwrap();
+        let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let mut b = open(b_dir.path());
+        b.apply((1..=2).map(create)).await.unwrap();
+        let before = b.digest().await;
+        let mut rx = b.begin_receiving_snapshot().await.unwrap();
+        let mut data = snap.snapshot;
+        tokio::io::copy(&mut data, &mut *rx).await.unwrap();
+        let mut other = snap.meta.clone();
+        other.last_log_id = Some(LogId::new(CommittedLeaderId::new(1, 1), 4));
+        assert!(b.install_snapshot(&other, rx).await.is_err());
+        assert_eq!(b.digest().await, before);
+    }
+
 }

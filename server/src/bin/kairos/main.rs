@@ -61,6 +61,10 @@ pub struct ServeArgs {
     heartbeat_ms: u64,
     #[arg(long, default_value_t = 400)]
     election_min_ms: u64,
+    /// sled page cache in MiB (1..65536). Not a bound on memory: at 1M
+    /// timers 64 MiB gave a larger RSS than the default (BENCHMARKS.md).
+    #[arg(long, default_value_t = 1024)]
+    cache_mb: u64,
     #[arg(long, default_value_t = 800)]
     election_max_ms: u64,
 }
@@ -92,6 +96,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let mut config = Config::new(a.id, advertise, a.data_dir.clone(), peers);
     config.snapshot_logs = a.snapshot_logs;
     config.keep_logs = a.keep_logs;
+    config.cache_bytes = a.cache_mb.saturating_mul(1 << 20);
     config.heartbeat_ms = a.heartbeat_ms;
     config.election_min_ms = a.election_min_ms;
     config.election_max_ms = a.election_max_ms;
