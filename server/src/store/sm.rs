@@ -2,7 +2,8 @@
 //! applied through the pure core and written in one atomic sled batch
 //! together with `last_applied` and the membership. Snapshots and digests
 //! are taken under the apply lock, so they are a point-in-time view at
-//! `last_applied`.
+//! `last_applied`; snapshot files are streamed (`snapfile`), never held
+//! whole in memory.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
