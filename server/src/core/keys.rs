@@ -20,9 +20,10 @@ pub const META_TIME: &[u8] = b"mtime";
 /// Present while a snapshot is being loaded into the state (see `store::sm`).
 pub const META_RESTORING: &[u8] = b"mrestoring";
 
-/// On-disk format version of the state space. 2: run ids and retry
-/// entries carry a shard; policies carry route and fan-out.
-pub const STATE_VERSION: u32 = 3;
+/// On-disk format version of the data directory. 2: run ids and retry
+/// entries carry a shard; policies carry route and fan-out. 3: retention
+/// counters. 4: streamed snapshot files (`store::snapfile`).
+pub const STATE_VERSION: u32 = 4;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()

@@ -499,22 +499,35 @@ mod tests {
         super::super::open(dir, 8 << 20, Default::default()).unwrap().1
     }
 
+    /// A node with `jobs` applied and the snapshot it built.
+    async fn node_with_snapshot(dir: &Path, jobs: u64) -> (StateMachine, Snapshot) {
+        let mut sm = open(dir);
+        sm.apply((1..=jobs).map(create)).await.unwrap();
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        (sm, snap)
+    }
+
+    /// Copies a snapshot's data into `to` as openraft's chunked receive would.
+    async fn receive(to: &mut StateMachine, snap: Snapshot) -> Box<tokio::fs::File> {
+        let mut rx = to.begin_receiving_snapshot().await.unwrap();
+        let mut data = snap.snapshot;
+        tokio::io::copy(&mut data, &mut *rx).await.unwrap();
+        rx
+    }
+
     #[tokio::test]
     async fn a_snapshot_streams_to_another_node_and_an_interrupted_install_is_redone() {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut a = open(a_dir.path());
-        a.apply((1..=500).map(create)).await.unwrap();
-        let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let (mut a, snap) = node_with_snapshot(a_dir.path(), 500).await;
         assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(500));
         let current = a.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, snap.meta);
 
         let mut b = open(b_dir.path());
         b.apply((1..=3).map(create)).await.unwrap(); // stale state the install must replace
-        let mut rx = b.begin_receiving_snapshot().await.unwrap();
-        let mut data = snap.snapshot;
-        tokio::io::copy(&mut data, &mut *rx).await.unwrap();
-        b.install_snapshot(&snap.meta, rx).await.unwrap();
+        let meta = snap.meta.clone();
+        let rx = receive(&mut b, snap).await;
+        b.install_snapshot(&meta, rx).await.unwrap();
         let want = a.digest().await;
         assert_eq!(b.digest().await, want);
         assert_eq!(b.get_job("job-500").map(|j| j.payload.len()), Some(100));
@@ -532,16 +545,12 @@ mod tests {
     #[tokio::test]
     async fn a_received_snapshot_for_another_log_id_is_refused_and_changes_nothing() {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut a = open(a_dir.path());
-        a.apply((1..=5).map(create)).await.unwrap();
-        let snap = a.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let (_a, snap) = node_with_snapshot(a_dir.path(), 5).await;
         let mut b = open(b_dir.path());
         b.apply((1..=2).map(create)).await.unwrap();
         let before = b.digest().await;
-        let mut rx = b.begin_receiving_snapshot().await.unwrap();
-        let mut data = snap.snapshot;
-        tokio::io::copy(&mut data, &mut *rx).await.unwrap();
         let mut other = snap.meta.clone();
+        let rx = receive(&mut b, snap).await;
         other.last_log_id = Some(LogId::new(CommittedLeaderId::new(1, 1), 4));
         assert!(b.install_snapshot(&other, rx).await.is_err());
         assert_eq!(b.digest().await, before);
