@@ -254,7 +254,6 @@ impl StateMachine {
             .map_err(sm_err)?;
         Ok((responses, effects))
     }
-
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
@@ -496,14 +495,21 @@ mod tests {
     }
 
     fn open(dir: &Path) -> StateMachine {
-        super::super::open(dir, 8 << 20, Default::default()).unwrap().1
+        super::super::open(dir, 8 << 20, Default::default())
+            .unwrap()
+            .1
     }
 
     /// A node with `jobs` applied and the snapshot it built.
     async fn node_with_snapshot(dir: &Path, jobs: u64) -> (StateMachine, Snapshot) {
         let mut sm = open(dir);
         sm.apply((1..=jobs).map(create)).await.unwrap();
-        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
         (sm, snap)
     }
 
@@ -555,5 +561,4 @@ mod tests {
         assert!(b.install_snapshot(&other, rx).await.is_err());
         assert_eq!(b.digest().await, before);
     }
-
 }

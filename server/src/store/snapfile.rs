@@ -22,7 +22,10 @@ const META_MAX_BYTES: u32 = 1 << 20;
 const IO_BUF: usize = 1 << 20;
 
 fn corrupt(what: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("snapshot file: {}", what.into()))
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("snapshot file: {}", what.into()),
+    )
 }
 
 /// Writes a snapshot file; [`Writer::finish`] makes it durable.
@@ -110,7 +113,10 @@ impl Reader {
             self.r.read_exact(&mut n)?;
             let n = u64::from_le_bytes(n);
             if n != self.count {
-                return Err(corrupt(format!("trailer says {n} pairs, read {}", self.count)));
+                return Err(corrupt(format!(
+                    "trailer says {n} pairs, read {}",
+                    self.count
+                )));
             }
             self.done = true;
             return Ok(None);
