@@ -58,8 +58,11 @@ impl Config {
             // openraft uses the heartbeat interval as the AppendEntries timeout,
             // so it must cover a large batch plus the follower's fsync under load.
             heartbeat_ms: 100,
-            election_min_ms: 400,
-            election_max_ms: 800,
+            // A follower votes only once the leader lease (election_max) has
+            // passed since the last heartbeat, so a failover takes
+            // election_max + a random election timeout: 800–1000 ms here.
+            election_min_ms: 300,
+            election_max_ms: 500,
             snapshot_logs: 10_000,
             keep_logs: 1_000,
             cache_bytes: 1 << 30,

@@ -59,13 +59,16 @@ pub struct ServeArgs {
     /// Leader heartbeat; also openraft's AppendEntries timeout.
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
-    #[arg(long, default_value_t = 400)]
+    /// Election timeout range. openraft 0.9 also holds a leader lease of
+    /// election-max after the last heartbeat, so a dead leader is replaced
+    /// after lease + timeout (800–1000 ms with the defaults).
+    #[arg(long, default_value_t = 300)]
     election_min_ms: u64,
     /// sled page cache in MiB (1..65536). Not a bound on memory: at 1M
     /// timers 64 MiB gave a larger RSS than the default (BENCHMARKS.md).
     #[arg(long, default_value_t = 1024)]
     cache_mb: u64,
-    #[arg(long, default_value_t = 800)]
+    #[arg(long, default_value_t = 500)]
     election_max_ms: u64,
 }
 
