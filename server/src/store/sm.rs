@@ -262,17 +262,18 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let inner = self.inner.clone();
         let tmp = inner.snapshot_path.with_extension("tmp");
-        let writer = {
+        let (writer, meta) = {
             let _g = inner.apply_lock.lock().await;
             // State must be durable before the log behind it may be purged.
             inner.db.flush_async().await.map_err(snap_err)?;
+            let last = self.last_applied();
             let meta = SnapshotMeta {
-                last_log_id: self.last_applied(),
-                last_membership: self.membership(),
-                snapshot_id: match self.last_applied() {
+                snapshot_id: match &last {
                     Some(l) => format!("{}-{}", l.leader_id.term, l.index),
                     None => "0-0".into(),
                 },
+                last_log_id: last,
+                last_membership: self.membership(),
             };
             let (tree, tmp) = (inner.tree.clone(), tmp.clone());
             blocking(move || {
@@ -285,7 +286,6 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             })
             .await?
         };
-        let (writer, meta) = writer;
         let path = inner.snapshot_path.clone();
         blocking(move || {
             writer.finish()?;
