@@ -283,25 +283,43 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
     }
 }
 
-async fn commit_finishes(node: Arc<Node>, mut rx: mpsc::Receiver<FinishItem>) {
-    use rand::Rng;
-    // Few batches in flight, so finishes arriving meanwhile share the next entry.
+/// Drains `rx` in batches of up to `max` with at most `PROPOSALS_IN_FLIGHT`
+/// batches being handled at once, so items arriving meanwhile share the
+/// next batch (one log entry) instead of each waiting for their own.
+async fn in_batches<T, Fut>(
+    mut rx: mpsc::Receiver<T>,
+    max: usize,
+    mut handle: impl FnMut(Vec<T>) -> Fut,
+) where
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let permits = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let Some(batch) = next_batch(&mut rx, limits::FINISH_BATCH_MAX).await else {
+        let Some(batch) = next_batch(&mut rx, max).await else {
             return;
         };
+        let work = handle(batch);
+        tokio::spawn(async move {
+            work.await;
+            drop(permit);
+        });
+    }
+}
+
+async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
+    use rand::Rng;
+    in_batches(rx, limits::FINISH_BATCH_MAX, |batch| {
         let (mut reports, waiters): (Vec<FinishReport>, Vec<_>) = batch.into_iter().unzip();
         let mut rng = rand::thread_rng();
         for r in &mut reports {
             r.jitter_ms = rng.gen_range(0..10_000);
         }
         let node = node.clone();
-        // Commit batches concurrently; each waiter gets its own report's result.
-        tokio::spawn(async move {
+        // Each waiter gets its own report's result.
+        async move {
             let res = node
                 .propose(Command::Finish {
                     now_ms: node.clock.now_ms(),
@@ -327,26 +345,17 @@ async fn commit_finishes(node: Arc<Node>, mut rx: mpsc::Receiver<FinishItem>) {
                     .unwrap_or(Ok(()));
                 let _ = w.send(r);
             }
-            drop(permit);
-        });
-    }
+        }
+    })
+    .await
 }
 
-async fn group_proposals(node: Arc<Node>, mut rx: mpsc::Receiver<ProposalItem>) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
-    loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(batch) = next_batch(&mut rx, limits::PROPOSAL_BATCH_MAX).await else {
-            return;
-        };
+async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
+    in_batches(rx, limits::PROPOSAL_BATCH_MAX, |batch| {
         let node = node.clone();
-        tokio::spawn(async move {
-            propose_batch(&node, batch).await;
-            drop(permit);
-        });
-    }
+        async move { propose_batch(&node, batch).await }
+    })
+    .await
 }
 
 async fn propose_batch(node: &Node, mut batch: Vec<ProposalItem>) {
