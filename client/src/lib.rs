@@ -2,6 +2,7 @@
 //! given endpoints and retries transparently, and the worker SDK
 //! ([`worker::Worker`]). `kairosctl` is built on both.
 
+pub mod process;
 pub mod worker;
 
 use std::collections::HashMap;

@@ -41,7 +41,15 @@ pub struct Task {
 #[derive(Clone, Debug)]
 pub enum Outcome {
     Success(Vec<u8>),
-    Failure { error: String, retryable: bool },
+    Failure {
+        error: String,
+        retryable: bool,
+    },
+    /// The handler stopped the task at its deadline (retried like any
+    /// retryable failure, but the run ends as timed-out, not failed).
+    TimedOut {
+        error: String,
+    },
 }
 
 pub fn now_ms() -> i64 {
@@ -58,6 +66,7 @@ pub struct Worker {
     id: String,
     labels: std::collections::HashMap<String, String>,
     heartbeat: Duration,
+    stop_grace: Duration,
 }
 
 #[derive(Default)]
@@ -82,6 +91,7 @@ impl Worker {
             id: format!("worker-{}-{}", std::process::id(), now_ms() % 100_000),
             labels: Default::default(),
             heartbeat: Duration::from_secs(1),
+            stop_grace: Duration::ZERO,
         }
     }
 
@@ -97,6 +107,15 @@ impl Worker {
 
     pub fn group(mut self, g: &str) -> Self {
         self.groups.push(g.to_string());
+        self
+    }
+
+    /// Announces that the handler enforces each task's deadline itself and
+    /// reports within `grace` after it (e.g. after stopping the task's
+    /// processes gracefully): the leader then waits that long past the
+    /// deadline before it expires the attempt. At most 60 s.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace.min(Duration::from_secs(60));
         self
     }
 
@@ -201,6 +220,7 @@ impl Worker {
             groups: self.groups.clone(),
             capacity: self.capacity,
             labels: self.labels.clone(),
+            stop_grace_ms: self.stop_grace.as_millis() as u32,
         };
         tx.send(pb::WorkerMessage {
             msg: Some(Out::Hello(hello)),
@@ -216,7 +236,16 @@ impl Worker {
             .await?;
         }
         let mut beat = tokio::time::interval(self.heartbeat);
+        let mut drained = false;
         loop {
+            if *stop.borrow() && !drained {
+                // Stopping: take no more attempts, finish (or release) the ones held.
+                drained = true;
+                tx.send(pb::WorkerMessage {
+                    msg: Some(Out::Drain(pb::Drain {})),
+                })
+                .await?;
+            }
             tokio::select! {
                 m = inbound.message() => match m? {
                     None => return Ok(SessionEnd::Closed),
@@ -323,9 +352,10 @@ async fn execute<H, Fut>(
     let (run_id, attempt, received_at_ms) =
         (task.run_id.clone(), task.attempt, task.received_at_ms);
     let outcome = handler(task).await;
-    let (success, result, error, retryable) = match outcome {
-        Outcome::Success(r) => (true, r, String::new(), false),
-        Outcome::Failure { error, retryable } => (false, Vec::new(), error, retryable),
+    let (success, result, error, retryable, timed_out) = match outcome {
+        Outcome::Success(r) => (true, r, String::new(), false, false),
+        Outcome::Failure { error, retryable } => (false, Vec::new(), error, retryable, false),
+        Outcome::TimedOut { error } => (false, Vec::new(), error, true, true),
     };
     let finish = pb::Finish {
         run_id: run_id.clone(),
@@ -335,6 +365,7 @@ async fn execute<H, Fut>(
         error,
         retryable,
         received_at_ms,
+        timed_out,
     };
     {
         let mut s = shared.lock().await;

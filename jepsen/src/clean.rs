@@ -9,6 +9,8 @@
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
+use crate::signal;
+
 pub const ENV_RUN: &str = "KAIROS_JEPSEN_RUN";
 pub const ENV_OWNER: &str = "KAIROS_JEPSEN_OWNER";
 /// Every name the harness gives a namespace or link starts with this.
@@ -16,7 +18,8 @@ pub const NAME_PREFIX: &str = "kj";
 
 #[derive(Default)]
 struct Registry {
-    pids: Vec<u32>,
+    /// (pid, start time) of node processes we started.
+    pids: Vec<(u32, u64)>,
     netns: Vec<String>,
     links: Vec<String>,
 }
@@ -33,11 +36,13 @@ fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
 }
 
 pub fn register_pid(pid: u32) {
-    with(|r| r.pids.push(pid));
+    if let Some(start) = signal::start_time(pid) {
+        with(|r| r.pids.push((pid, start)));
+    }
 }
 
 pub fn unregister_pid(pid: u32) {
-    with(|r| r.pids.retain(|p| *p != pid));
+    with(|r| r.pids.retain(|(p, _)| *p != pid));
 }
 
 pub fn register_netns(name: &str) {
@@ -60,12 +65,6 @@ pub fn quiet(cmd: &str, args: &[&str]) -> bool {
         .unwrap_or(false)
 }
 
-fn kill_pid(pid: u32) {
-    let p = pid.to_string();
-    quiet("kill", &["-CONT", &p]);
-    quiet("kill", &["-KILL", &p]);
-}
-
 /// Kills registered processes and deletes registered namespaces and links.
 pub fn cleanup_registered() {
     let (pids, netns, links) = with(|r| {
@@ -75,8 +74,8 @@ pub fn cleanup_registered() {
             std::mem::take(&mut r.links),
         )
     });
-    for pid in pids {
-        kill_pid(pid);
+    for (pid, start) in pids {
+        signal::kill_identified(pid, start);
     }
     for ns in netns {
         quiet("ip", &["netns", "del", &ns]);
@@ -114,7 +113,7 @@ fn alive(pid: u32) -> bool {
 /// Run ids whose harness is still alive (its own run included).
 fn live_runs() -> Vec<String> {
     let mut out = Vec::new();
-    for (pid, env) in harness_processes() {
+    for (pid, _, env) in harness_processes() {
         if let Some(owner) = env_var(&env, ENV_OWNER).and_then(|o| o.parse::<u32>().ok()) {
             if alive(owner) && owner != pid {
                 if let Some(run) = env_var(&env, ENV_RUN) {
@@ -126,8 +125,8 @@ fn live_runs() -> Vec<String> {
     out
 }
 
-/// (pid, environ) of every process started by some harness run.
-fn harness_processes() -> Vec<(u32, String)> {
+/// (pid, start time, environ) of every process started by some harness run.
+fn harness_processes() -> Vec<(u32, u64, String)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -136,12 +135,17 @@ fn harness_processes() -> Vec<(u32, String)> {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
+        // Start time first: the environ read after it belongs to that process or a later one,
+        // and a later one fails the start-time check before it is signalled.
+        let Some(start) = signal::start_time(pid) else {
+            continue;
+        };
         let Ok(env) = std::fs::read(e.path().join("environ")) else {
             continue;
         };
         let env = String::from_utf8_lossy(&env).replace('\0', "\n");
         if env.lines().any(|l| l.starts_with(ENV_RUN)) {
-            out.push((pid, env));
+            out.push((pid, start, env));
         }
     }
     out
@@ -174,13 +178,14 @@ pub fn is_stale_name(name: &str, live: &[String]) -> bool {
 pub fn reap_stale() -> Vec<String> {
     let live = live_runs();
     let mut done = Vec::new();
-    for (pid, env) in harness_processes() {
+    for (pid, start, env) in harness_processes() {
         let owner = env_var(&env, ENV_OWNER).and_then(|o| o.parse::<u32>().ok());
         if owner.is_some_and(|o| alive(o) && o != pid) {
             continue;
         }
-        kill_pid(pid);
-        done.push(format!("killed stale node process {pid}"));
+        if signal::kill_identified(pid, start) {
+            done.push(format!("killed stale node process {pid}"));
+        }
     }
     let list = |args: &[&str]| -> String {
         Command::new("ip")

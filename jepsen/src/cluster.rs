@@ -5,6 +5,7 @@
 //! with the same data directory and flags. Logs append to one file per node.
 
 use crate::clean;
+use crate::signal::{self, Signal};
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -147,11 +148,10 @@ impl Cluster {
         }
     }
 
-    /// Sends `sig` ("STOP", "CONT") to node `idx`.
-    pub fn signal(&self, idx: usize, sig: &str) -> bool {
-        let procs = self.lock();
-        match &procs[idx] {
-            Some(c) => clean::quiet("kill", &[&format!("-{sig}"), &c.id().to_string()]),
+    /// Sends `sig` (STOP, CONT) to node `idx`'s process, if it is still ours.
+    pub fn signal(&self, idx: usize, sig: Signal) -> bool {
+        match self.lock()[idx].as_mut() {
+            Some(c) => signal::child(c, sig),
             None => false,
         }
     }
@@ -173,7 +173,7 @@ impl Cluster {
     /// Resumes and kills every node.
     pub fn shutdown(&self) {
         for i in 0..self.nodes.len() {
-            self.signal(i, "CONT");
+            self.signal(i, Signal::CONT);
             self.kill(i);
         }
     }
@@ -197,7 +197,7 @@ impl Drop for Cluster {
 }
 
 fn reap(c: &mut Child) {
-    clean::quiet("kill", &["-CONT", &c.id().to_string()]);
+    signal::child(c, Signal::CONT);
     let _ = c.kill();
     let _ = c.wait();
     clean::unregister_pid(c.id());

@@ -23,5 +23,6 @@ pub mod net;
 pub mod recorder;
 pub mod report;
 pub mod run;
+pub mod signal;
 pub mod testkit;
 pub mod workload;

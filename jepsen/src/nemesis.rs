@@ -11,6 +11,7 @@ use crate::event::{Event, NemesisEvent, Phase};
 use crate::generator::{partition_drops, Fault, Partition, PlannedFault, Target};
 use crate::net::Net;
 use crate::recorder::Recorder;
+use crate::signal::Signal;
 use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -203,7 +204,7 @@ impl Nemesis {
                 (hit, format!("SIGKILL {why}"), Undo::Restart(i))
             }
             Fault::Pause(_) => {
-                self.cluster.signal(i, "STOP");
+                self.cluster.signal(i, Signal::STOP);
                 (hit, format!("SIGSTOP {why}"), Undo::Resume(i))
             }
             Fault::ClockBump { offset_s, .. } => {
@@ -307,7 +308,7 @@ impl Nemesis {
             Undo::Network => self.net()?.heal_all(),
             Undo::Restart(i) => self.cluster.start(i),
             Undo::Resume(i) => {
-                self.cluster.signal(i, "CONT");
+                self.cluster.signal(i, Signal::CONT);
                 Ok(())
             }
             Undo::Clock { idx, strobe } => {
@@ -326,7 +327,7 @@ impl Nemesis {
             let _ = net.heal_all();
         }
         for i in 0..self.nodes.len() {
-            self.cluster.signal(i, "CONT");
+            self.cluster.signal(i, Signal::CONT);
             if self.cluster.faketime {
                 let _ = self.cluster.set_clock_offset(i, 0);
             }

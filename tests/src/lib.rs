@@ -14,17 +14,27 @@ use kairos_client::{pb, Client};
 /// `cargo nextest run` builds test targets but not a plain binary of another
 /// package, so a stale or missing binary would be tested otherwise.
 pub fn kairos_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("KAIROS_BIN") {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    workspace_bin("KAIROS_BIN", "kairos-server", "kairos", &BUILT)
+}
+
+/// The `kairosctl` binary, built on first use like [`kairos_bin`].
+pub fn kairosctl_bin() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    workspace_bin("KAIROSCTL_BIN", "kairos-client", "kairosctl", &BUILT)
+}
+
+fn workspace_bin(env: &str, package: &str, bin: &str, built: &std::sync::Once) -> PathBuf {
+    if let Ok(p) = std::env::var(env) {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
+    built.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "kairos-server", "--bin", "kairos"]);
+        cmd.args(["build", "-q", "-p", package, "--bin", bin]);
         if profile == "release" {
             cmd.arg("--release");
         }
@@ -32,9 +42,9 @@ pub fn kairos_bin() -> PathBuf {
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("run cargo build");
-        assert!(status.success(), "building the kairos binary failed");
+        assert!(status.success(), "building the {bin} binary failed");
     });
-    dir.join("kairos")
+    dir.join(bin)
 }
 
 fn free_port() -> u16 {

@@ -114,7 +114,7 @@ fn hello(id: &str, groups: &[&str], capacity: u32) -> pb::Hello {
         worker_id: id.into(),
         groups: groups.iter().map(|g| g.to_string()).collect(),
         capacity,
-        labels: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -137,6 +137,13 @@ async fn bad_hellos_are_refused_naming_the_field() {
             "hello.groups: at least one group is required",
         ),
         (bad_label, "hello.labels (value): character ' ' not allowed"),
+        (
+            pb::Hello {
+                stop_grace_ms: 60_001,
+                ..hello("w", &["g"], 1)
+            },
+            "hello.stop_grace_ms: at most 60000, got 60001",
+        ),
     ];
     for (h, want) in cases {
         let Err(err) = session(&addr, h).await else {

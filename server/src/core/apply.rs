@@ -720,7 +720,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             run.error.clear();
             self.conclude(run, RunState::Succeeded);
         } else {
-            self.fail_attempt(run, r.retryable, RunState::Failed, r.jitter_ms);
+            let last = if r.timed_out {
+                RunState::TimedOut
+            } else {
+                RunState::Failed
+            };
+            self.fail_attempt(run, r.retryable, last, r.jitter_ms);
         }
         Ok(())
     }

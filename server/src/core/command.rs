@@ -85,6 +85,8 @@ pub struct FinishReport {
     pub received_at_ms: i64,
     /// Leader's random draw for this run's retry backoff.
     pub jitter_ms: u64,
+    /// The worker stopped the attempt at its deadline (ends as timed-out, not failed).
+    pub timed_out: bool,
 }
 
 /// A deterministic refusal. Apply returns it as a response; state is untouched.

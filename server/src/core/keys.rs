@@ -22,8 +22,9 @@ pub const META_RESTORING: &[u8] = b"mrestoring";
 
 /// On-disk format version of the data directory. 2: run ids and retry
 /// entries carry a shard; policies carry route and fan-out. 3: retention
-/// counters. 4: streamed snapshot files (`store::snapfile`).
-pub const STATE_VERSION: u32 = 4;
+/// counters. 4: streamed snapshot files (`store::snapfile`). 5: finish
+/// reports in the log say whether the worker timed the attempt out.
+pub const STATE_VERSION: u32 = 5;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()

@@ -57,6 +57,7 @@ fn report(run: &RunId, attempt: u32, success: bool, jitter_ms: u64) -> FinishRep
         worker: "w1".into(),
         received_at_ms: 0,
         jitter_ms,
+        timed_out: false,
     }
 }
 
@@ -774,6 +775,17 @@ fn retries_until(last: RunState, fail: fn(&mut Sim, &RunId, u32, i64) -> Applied
 fn retryable_failures_back_off_retry_and_end_failed_after_the_last_attempt() {
     retries_until(RunState::Failed, |sim, r, attempt, now| {
         let a = sim.finish(now, report(r, attempt, false, 12_345));
+        assert_eq!(a.response, Response::Batch(vec![Ok(())]));
+        a
+    });
+}
+
+#[test]
+fn attempts_the_worker_timed_out_retry_and_end_timed_out_not_failed() {
+    retries_until(RunState::TimedOut, |sim, r, attempt, now| {
+        let mut rep = report(r, attempt, false, 12_345);
+        rep.timed_out = true;
+        let a = sim.finish(now, rep);
         assert_eq!(a.response, Response::Batch(vec![Ok(())]));
         a
     });

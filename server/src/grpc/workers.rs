@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::core::{limits, validate, FinishReport, RunId};
-use crate::leader::dispatch::ToWorker;
+use crate::leader::dispatch::{ToWorker, WorkerInfo, STOP_GRACE_MAX_MS};
 use crate::node::Node;
 
 /// Most runs one worker may hold at once.
@@ -85,6 +85,12 @@ fn validate_hello(h: &pb::Hello) -> Result<(), Status> {
         validate::name("hello.groups", g, limits::GROUP_MAX_BYTES).map_err(bad)?;
     }
     validate::worker_labels(h.labels.iter()).map_err(bad)?;
+    if i64::from(h.stop_grace_ms) > STOP_GRACE_MAX_MS {
+        return Err(Status::invalid_argument(format!(
+            "hello.stop_grace_ms: at most {STOP_GRACE_MAX_MS}, got {}",
+            h.stop_grace_ms
+        )));
+    }
     if h.capacity == 0 || h.capacity > CAPACITY_MAX {
         return Err(Status::invalid_argument(format!(
             "hello.capacity: must be between 1 and {CAPACITY_MAX}, got {}",
@@ -101,13 +107,14 @@ async fn run_session(
     out: Outbound,
 ) {
     let (tx, mut to_worker) = mpsc::channel(hello.capacity as usize + 16);
-    let conn = node.dispatcher.register(
-        &hello.worker_id,
-        hello.groups.clone(),
-        hello.labels.clone().into_iter().collect(),
-        hello.capacity as usize,
-        tx,
-    );
+    let info = WorkerInfo {
+        id: hello.worker_id.clone(),
+        groups: hello.groups.clone(),
+        labels: hello.labels.clone().into_iter().collect(),
+        capacity: hello.capacity as usize,
+        stop_grace_ms: i64::from(hello.stop_grace_ms),
+    };
+    let conn = node.dispatcher.register(info, tx);
     tracing::info!(worker = %hello.worker_id, groups = ?hello.groups, capacity = hello.capacity, "worker connected");
     if out
         .send(msg(Out::Welcome(pb::Welcome { leader_id: node.id })))
@@ -190,6 +197,10 @@ fn on_message(node: &Arc<Node>, conn: u64, worker: &str, m: pb::WorkerMessage, o
                 let _ = out.send(msg(Out::FinishAck(ack))).await;
             });
         }
+        Some(In::Drain(_)) => {
+            node.dispatcher.drain(conn);
+            tracing::info!(worker, "worker draining: no new attempts");
+        }
         Some(In::Heartbeat(h)) => {
             let runs: Vec<RunId> = h.run_ids.iter().filter_map(|s| RunId::parse(s)).collect();
             node.dispatcher.heartbeat(conn, &runs, node.clock.now_ms());
@@ -232,6 +243,7 @@ async fn finish(node: &Node, worker: &str, f: &pb::Finish) -> pb::FinishAck {
         worker: worker.to_string(),
         received_at_ms: f.received_at_ms,
         jitter_ms: 0,
+        timed_out: f.timed_out && !f.success,
     };
     match node.finish(report).await {
         Ok(()) => pb::FinishAck {

@@ -73,11 +73,28 @@ impl PartialOrd for Queued {
     }
 }
 
+/// What a worker announced in its hello.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerInfo {
+    pub id: String,
+    pub groups: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: usize,
+    /// The worker reports an attempt's outcome within this long after its
+    /// deadline (it stops the attempt's processes gracefully first); the
+    /// lease's hard end waits for it. At most [`STOP_GRACE_MAX_MS`].
+    pub stop_grace_ms: i64,
+}
+
+/// Upper bound on a worker's announced stop grace.
+pub const STOP_GRACE_MAX_MS: i64 = 60_000;
+
 struct Worker {
     id: String,
     groups: Vec<String>,
     labels: BTreeMap<String, String>,
     capacity: usize,
+    stop_grace_ms: i64,
     in_flight: HashSet<RunId>,
     tx: mpsc::Sender<ToWorker>,
 }
@@ -111,7 +128,8 @@ impl Worker {
 #[derive(Debug, Clone)]
 struct Lease {
     attempt: u32,
-    /// Hard end of the attempt: assignment (or takeover) plus the job's timeout.
+    /// Hard end of the attempt: assignment (or takeover) plus the job's
+    /// timeout, plus the worker's stop grace.
     deadline_ms: i64,
     /// Liveness: extended by heartbeats.
     lease_until_ms: i64,
@@ -162,27 +180,28 @@ impl Dispatcher {
     }
 
     /// Registers a worker stream; returns its connection id.
-    pub fn register(
-        &self,
-        id: &str,
-        groups: Vec<String>,
-        labels: BTreeMap<String, String>,
-        capacity: usize,
-        tx: mpsc::Sender<ToWorker>,
-    ) -> u64 {
+    pub fn register(&self, info: WorkerInfo, tx: mpsc::Sender<ToWorker>) -> u64 {
         let mut s = self.lock();
         s.next_conn += 1;
         let conn = s.next_conn;
         let w = Worker {
-            id: id.to_string(),
-            groups,
-            labels,
-            capacity,
+            id: info.id,
+            groups: info.groups,
+            labels: info.labels,
+            capacity: info.capacity,
+            stop_grace_ms: info.stop_grace_ms.clamp(0, STOP_GRACE_MAX_MS),
             in_flight: HashSet::new(),
             tx,
         };
         s.workers.insert(conn, w);
         conn
+    }
+
+    /// The worker is stopping: it gets no more attempts (those it holds stay leased).
+    pub fn drain(&self, conn: u64) {
+        if let Some(w) = self.lock().workers.get_mut(&conn) {
+            w.capacity = 0;
+        }
     }
 
     /// The stream closed. Its attempts keep their leases: the worker may
@@ -488,7 +507,7 @@ impl State {
         });
         let lease = Lease {
             attempt: item.attempt,
-            deadline_ms,
+            deadline_ms: deadline_ms.saturating_add(w.stop_grace_ms),
             lease_until_ms: now_ms.saturating_add(LEASE_MS),
             conn: Some(conn),
             worker: w.id.clone(),
@@ -572,6 +591,21 @@ fn rendezvous(worker: &str, key: &str) -> u64 {
 mod tests {
     use super::*;
 
+    fn info(
+        id: &str,
+        groups: Vec<String>,
+        labels: BTreeMap<String, String>,
+        capacity: usize,
+    ) -> WorkerInfo {
+        WorkerInfo {
+            id: id.to_string(),
+            groups,
+            labels,
+            capacity,
+            stop_grace_ms: 0,
+        }
+    }
+
     fn rid(job: &str, t: i64) -> RunId {
         RunId::new(job, t)
     }
@@ -592,7 +626,7 @@ mod tests {
     fn respects_capacity_and_priority() {
         let d = Dispatcher::default();
         let (tx, mut rx) = mpsc::channel(16);
-        let conn = d.register("w1", vec!["g".into()], BTreeMap::new(), 2, tx);
+        let conn = d.register(info("w1", vec!["g".into()], BTreeMap::new(), 2), tx);
         d.ready(ready(rid("low", 1), 1, 1, 1000));
         d.ready(ready(rid("high", 5), 1, 9, 1000));
         d.ready(ready(rid("mid", 2), 1, 5, 1000));
@@ -607,10 +641,46 @@ mod tests {
     }
 
     #[test]
+    fn a_draining_worker_gets_no_new_attempts_and_keeps_the_ones_it_holds() {
+        let d = Dispatcher::default();
+        let (tx, _rx) = mpsc::channel(16);
+        let conn = d.register(info("w1", vec!["g".into()], BTreeMap::new(), 5), tx);
+        d.ready(ready(rid("a", 1), 1, 5, 60_000));
+        assert_eq!(d.dispatch(0).len(), 1);
+        d.drain(conn);
+        d.ready(ready(rid("b", 1), 1, 5, 60_000));
+        assert!(d.dispatch(10).is_empty(), "handed to a draining worker");
+        assert_eq!(d.stats()["g"].queued, 1);
+        // The held attempt is still leased to it: heartbeats keep it alive.
+        d.heartbeat(conn, &[rid("a", 1)], 4_000);
+        assert!(d.expired(4_000 + LEASE_MS - 1).is_empty());
+    }
+
+    #[test]
+    fn a_worker_that_stops_its_own_attempts_gets_its_grace_past_the_deadline() {
+        let d = Dispatcher::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut w = info("w1", vec!["g".into()], BTreeMap::new(), 5);
+        w.stop_grace_ms = 7_000;
+        let conn = d.register(w, tx);
+        d.ready(ready(rid("a", 1), 1, 5, 1_000));
+        assert_eq!(d.dispatch(0).len(), 1);
+        // The worker is told the job's own deadline...
+        match rx.try_recv() {
+            Ok(ToWorker::Assign { deadline_ms, .. }) => assert_eq!(deadline_ms, 1_000),
+            other => panic!("expected an assignment, got {other:?}"),
+        }
+        // ...and the leader waits the grace beyond it while heartbeats come.
+        d.heartbeat(conn, &[rid("a", 1)], 4_000);
+        assert!(d.expired(7_999).is_empty());
+        assert_eq!(d.expired(8_000), vec![(rid("a", 1), 1)]);
+    }
+
+    #[test]
     fn a_leased_attempt_is_not_handed_out_again_until_it_expires() {
         let d = Dispatcher::default();
         let (tx, _rx) = mpsc::channel(16);
-        let conn = d.register("w1", vec!["g".into()], BTreeMap::new(), 5, tx);
+        let conn = d.register(info("w1", vec!["g".into()], BTreeMap::new(), 5), tx);
         d.ready(ready(rid("a", 1), 1, 5, 60_000));
         assert_eq!(d.dispatch(0).len(), 1);
         d.ready(ready(rid("a", 1), 1, 5, 60_000));
@@ -633,7 +703,7 @@ mod tests {
     fn rebuild_leases_running_attempts_and_queues_pending_ones() {
         let d = Dispatcher::default();
         let (tx, _rx) = mpsc::channel(16);
-        d.register("w1", vec!["g".into()], BTreeMap::new(), 5, tx);
+        d.register(info("w1", vec!["g".into()], BTreeMap::new(), 5), tx);
         let a = |state| ActiveRun {
             group: "g".into(),
             priority: 5,
@@ -663,10 +733,10 @@ mod tests {
         let d = Dispatcher::default();
         let (tx1, _rx1) = mpsc::channel(16);
         let (tx2, _rx2) = mpsc::channel(16);
-        d.register("slow", vec!["g".into()], BTreeMap::new(), 1, tx1);
+        d.register(info("slow", vec!["g".into()], BTreeMap::new(), 1), tx1);
         d.ready(ready(rid("a", 1), 1, 5, 1000));
         assert_eq!(d.dispatch(0)[0].worker, "slow");
-        d.register("fast", vec!["g".into()], BTreeMap::new(), 1, tx2);
+        d.register(info("fast", vec!["g".into()], BTreeMap::new(), 1), tx2);
         d.ended(&rid("a", 1), 1);
         d.ready(ready(rid("a", 1), 2, 5, 1000));
         let h = d.dispatch(10);
@@ -687,7 +757,7 @@ mod tests {
             .map(|(id, zone)| {
                 let (tx, rx) = mpsc::channel(1024);
                 let labels = [("zone".to_string(), zone.to_string())].into();
-                (d.register(id, vec!["g".into()], labels, 100, tx), rx)
+                (d.register(info(id, vec!["g".into()], labels, 100), tx), rx)
             })
             .collect()
     }
@@ -793,7 +863,10 @@ mod tests {
         let workers: BTreeSet<String> = d.dispatch(0).into_iter().map(|h| h.worker).collect();
         assert_eq!(workers.len(), 3, "{workers:?}");
         let (tx, _rx) = mpsc::channel(1);
-        d.register("w1", vec!["g".into(), "h".into()], BTreeMap::new(), 1, tx);
+        d.register(
+            info("w1", vec!["g".into(), "h".into()], BTreeMap::new(), 1),
+            tx,
+        );
         assert_eq!(d.widths(), vec![("g".to_string(), 3), ("h".to_string(), 1)]);
     }
 
@@ -801,7 +874,7 @@ mod tests {
     fn a_reported_finish_frees_the_slot_before_the_commit() {
         let d = Dispatcher::default();
         let (tx, _rx) = mpsc::channel(16);
-        let conn = d.register("w", vec!["g".into()], BTreeMap::new(), 1, tx);
+        let conn = d.register(info("w", vec!["g".into()], BTreeMap::new(), 1), tx);
         d.ready(ready(rid("a", 1), 1, 5, 1000));
         d.ready(ready(rid("b", 2), 1, 5, 1000));
         assert_eq!(d.dispatch(0).len(), 1);

@@ -1,16 +1,28 @@
 //! The ready worker behind `kairosctl worker`: runs each assignment's
 //! payload as a shell command or POSTs it to an HTTP URL. It executes what
 //! jobs send it, so it is opt-in and says so in `--help`.
+//!
+//! What it kills, and when: each shell run is a process group of its own
+//! (`kairos_client::process`). At the run's deadline, or when the worker is
+//! told to stop and its drain time is up, the group gets SIGTERM, then
+//! SIGKILL after `--kill-grace`; a command that exits leaves nothing behind
+//! (stragglers of its group get SIGKILL). Signals go through `kill(2)` on
+//! that group id only, never through a spawned `kill` program.
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use kairos_client::process::{ProcessGroup, Stopped};
 use kairos_client::worker::{now_ms, Outcome, Task, Worker};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 
 /// Bytes of stdout/stderr (or HTTP response) kept as the run's result.
 const TAIL_BYTES: usize = 4096;
+/// After a command exits, how long its output pipes may stay open (held by
+/// a process that left the run's group) before the output is cut.
+const PIPE_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Args)]
 pub struct WorkerArgs {
@@ -33,12 +45,46 @@ pub struct WorkerArgs {
     /// `--route label --label key=value` (repeatable).
     #[arg(long = "label", value_parser = crate::label_pair)]
     labels: Vec<(String, String)>,
+    /// Shell runs: time between SIGTERM and SIGKILL to a run's process group
+    /// when it passes its deadline or the worker stops (at most 50s).
+    #[arg(long, default_value = "5s", value_parser = grace_ms)]
+    kill_grace: u64,
+    /// On SIGINT/SIGTERM: no new runs are taken and runs in flight get this
+    /// long to finish; then they are stopped and released for a retry. A
+    /// second signal stops them at once.
+    #[arg(long, default_value = "30s", value_parser = crate::duration_ms)]
+    drain_timeout: u64,
+}
+
+/// The leader accepts a stop grace of at most 60 s; keep room for the report.
+const KILL_GRACE_MAX_MS: u64 = 50_000;
+/// Time for the outcome to reach the leader after the kill.
+const REPORT_SLACK_MS: u64 = 2_000;
+
+fn grace_ms(s: &str) -> anyhow::Result<u64> {
+    let ms = crate::duration_ms(s)?;
+    anyhow::ensure!(
+        ms <= KILL_GRACE_MAX_MS,
+        "--kill-grace: at most {}s, got {s}",
+        KILL_GRACE_MAX_MS / 1000
+    );
+    Ok(ms)
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum Exec {
     Shell,
     Http,
+}
+
+/// What every run of this worker shares: how to stop, and when to give up.
+#[derive(Clone)]
+struct RunCtx {
+    exec: Exec,
+    url: String,
+    kill_grace: Duration,
+    /// Becomes true when runs in flight must be stopped and released.
+    release: watch::Receiver<bool>,
 }
 
 pub async fn run(endpoints: Vec<String>, a: WorkerArgs) -> anyhow::Result<()> {
@@ -48,7 +94,10 @@ pub async fn run(endpoints: Vec<String>, a: WorkerArgs) -> anyhow::Result<()> {
             "--url: required for --exec http, http:// only"
         );
     }
-    let mut w = Worker::connect(endpoints, &a.group).capacity(a.concurrency);
+    let kill_grace = Duration::from_millis(a.kill_grace);
+    let mut w = Worker::connect(endpoints, &a.group)
+        .capacity(a.concurrency)
+        .stop_grace(kill_grace + Duration::from_millis(REPORT_SLACK_MS));
     if let Some(id) = &a.id {
         w = w.id(id.clone());
     }
@@ -64,13 +113,32 @@ pub async fn run(endpoints: Vec<String>, a: WorkerArgs) -> anyhow::Result<()> {
             "HTTP POST"
         }
     );
-    let (exec, url) = (a.exec, a.url.unwrap_or_default());
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    let (release_tx, release) = watch::channel(false);
+    let ctx = RunCtx {
+        exec: a.exec,
+        url: a.url.unwrap_or_default(),
+        kill_grace,
+        release,
+    };
+    let drain = Duration::from_millis(a.drain_timeout);
+    let shutdown = async move {
+        let mut stop = StopSignals::new();
+        stop.next().await;
+        eprintln!(
+            "kairosctl worker: stopping; runs in flight get {} ms to finish (signal again to stop them now)",
+            drain.as_millis()
+        );
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(drain) => {}
+                _ = stop.next() => {}
+            }
+            let _ = release_tx.send(true);
+        });
     };
     w.run_until(
         move |t: Task| {
-            let url = url.clone();
+            let ctx = ctx.clone();
             async move {
                 eprintln!(
                     "run {} attempt {} (late {} ms)",
@@ -78,9 +146,9 @@ pub async fn run(endpoints: Vec<String>, a: WorkerArgs) -> anyhow::Result<()> {
                     t.attempt,
                     t.received_at_ms - t.scheduled_at_ms
                 );
-                match exec {
-                    Exec::Shell => shell(&t).await,
-                    Exec::Http => http_post(&url, &t).await,
+                match ctx.exec {
+                    Exec::Shell => shell(&t, &ctx).await,
+                    Exec::Http => http_post(&t, &ctx).await,
                 }
             }
         },
@@ -89,12 +157,85 @@ pub async fn run(endpoints: Vec<String>, a: WorkerArgs) -> anyhow::Result<()> {
     .await
 }
 
+/// SIGINT and SIGTERM, each delivery counted.
+struct StopSignals {
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn new() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        StopSignals {
+            term: signal(SignalKind::terminate()).ok(),
+        }
+    }
+
+    async fn next(&mut self) {
+        let term = async {
+            match self.term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+    }
+}
+
+/// Why a run was cut short.
+enum Cut {
+    Deadline,
+    Released,
+}
+
+/// Resolves at the task's deadline or when runs are released, whichever is first.
+async fn cut(t: &Task, release: &mut watch::Receiver<bool>) -> Cut {
+    let budget = Duration::from_millis((t.deadline_ms - now_ms()).max(0) as u64);
+    tokio::select! {
+        _ = tokio::time::sleep(budget) => Cut::Deadline,
+        _ = release.wait_for(|r| *r) => Cut::Released,
+    }
+}
+
+/// The outcome of a run that was cut short; `how` says how it ended.
+fn cut_outcome(why: Cut, t: &Task, how: &str) -> Outcome {
+    match why {
+        Cut::Deadline => Outcome::TimedOut {
+            error: format!(
+                "timed out at the run deadline ({} ms after it was received): {how}",
+                t.deadline_ms - t.received_at_ms
+            ),
+        },
+        Cut::Released => Outcome::Failure {
+            error: format!("released: the worker was stopped while the run was in flight; {how}"),
+            retryable: true,
+        },
+    }
+}
+
 fn tail(b: &[u8]) -> Vec<u8> {
     b[b.len().saturating_sub(TAIL_BYTES)..].to_vec()
 }
 
-async fn shell(t: &Task) -> Outcome {
-    let mut cmd = tokio::process::Command::new("sh");
+/// Reads a pipe to its end, keeping only the last `TAIL_BYTES`.
+async fn read_tail(mut r: impl AsyncRead + Unpin) -> Vec<u8> {
+    let mut keep = Vec::new();
+    let mut chunk = [0u8; 8192];
+    while let Ok(n @ 1..) = r.read(&mut chunk).await {
+        keep.extend_from_slice(&chunk[..n]);
+        if keep.len() > 2 * TAIL_BYTES {
+            keep.drain(..keep.len() - TAIL_BYTES);
+        }
+    }
+    tail(&keep)
+}
+
+async fn shell(t: &Task, ctx: &RunCtx) -> Outcome {
+    let mut cmd = std::process::Command::new("sh");
     cmd.arg("-c")
         .arg(String::from_utf8_lossy(&t.payload).to_string())
         .env("KAIROS_RUN_ID", &t.run_id)
@@ -103,55 +244,79 @@ async fn shell(t: &Task) -> Outcome {
         .env("KAIROS_ATTEMPT", t.attempt.to_string())
         .env("KAIROS_SHARD", t.shard.to_string())
         .env("KAIROS_SHARD_COUNT", t.shard_count.to_string())
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            return Outcome::Failure {
-                error: format!("spawn sh: {e}"),
-                retryable: true,
-            }
+        .stderr(Stdio::piped());
+    let spawn_failed = |e: std::io::Error| Outcome::Failure {
+        error: format!("spawn sh: {e}"),
+        retryable: true,
+    };
+    let mut group = match ProcessGroup::spawn(cmd) {
+        Ok(g) => g,
+        Err(e) => return spawn_failed(e),
+    };
+    let pipes = (
+        group
+            .child_mut()
+            .stdout
+            .take()
+            .map(tokio::process::ChildStdout::from_std),
+        group
+            .child_mut()
+            .stderr
+            .take()
+            .map(tokio::process::ChildStderr::from_std),
+    );
+    let (Some(Ok(stdout)), Some(Ok(stderr))) = pipes else {
+        return spawn_failed(std::io::Error::other("no output pipes"));
+    };
+    let output = tokio::spawn(async move {
+        let (mut out, err) = tokio::join!(read_tail(stdout), read_tail(stderr));
+        out.extend_from_slice(&err);
+        tail(&out)
+    });
+    let mut release = ctx.release.clone();
+    let ended = tokio::select! {
+        r = group.exited() => Ok(r),
+        why = cut(t, &mut release) => Err(why),
+    };
+    let result = match ended {
+        Ok(Err(e)) => Err(format!("wait: {e}")),
+        Ok(Ok(())) => group.finish().map_err(|e| format!("reap: {e}")),
+        Err(why) => {
+            let how = match group.stop(ctx.kill_grace).await {
+                Ok(Stopped::AlreadyExited) => "it had just exited".to_string(),
+                Ok(Stopped::Terminated) => "its process group exited on SIGTERM".to_string(),
+                Ok(Stopped::Killed) => format!(
+                    "its process group got SIGKILL after {} ms of SIGTERM grace",
+                    ctx.kill_grace.as_millis()
+                ),
+                Err(e) => format!("stopping its process group failed: {e}"),
+            };
+            eprintln!("run {} attempt {}: {how}", t.run_id, t.attempt);
+            return cut_outcome(why, t, &how);
         }
     };
-    let pgid = child.id();
-    let budget = Duration::from_millis((t.deadline_ms - now_ms()).max(0) as u64);
-    match tokio::time::timeout(budget, child.wait_with_output()).await {
-        Ok(Ok(out)) => {
-            let mut text = out.stdout;
-            text.extend_from_slice(&out.stderr);
-            match out.status.code() {
-                Some(0) => Outcome::Success(tail(&text)),
-                code => Outcome::Failure {
-                    error: format!("exit {code:?}: {}", String::from_utf8_lossy(&tail(&text))),
-                    retryable: true,
-                },
-            }
-        }
-        Ok(Err(e)) => Outcome::Failure {
-            error: format!("wait: {e}"),
+    let text = tokio::time::timeout(PIPE_CLOSE_WAIT, output)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    match result {
+        Ok(Some(0)) => Outcome::Success(text),
+        Ok(code) => Outcome::Failure {
+            error: format!("exit {code:?}: {}", String::from_utf8_lossy(&text)),
             retryable: true,
         },
-        Err(_) => {
-            if let Some(pid) = pgid {
-                // The whole process group, so children of the command die too.
-                let _ = std::process::Command::new("kill")
-                    .args(["-KILL", &format!("-{pid}")])
-                    .status();
-            }
-            Outcome::Failure {
-                error: "killed at the run deadline".into(),
-                retryable: true,
-            }
-        }
+        Err(error) => Outcome::Failure {
+            error,
+            retryable: true,
+        },
     }
 }
 
 /// A minimal HTTP/1.1 POST (no TLS): 2xx is success.
-async fn http_post(url: &str, t: &Task) -> Outcome {
+async fn http_post(t: &Task, ctx: &RunCtx) -> Outcome {
+    let url = ctx.url.as_str();
     let fail = |e: String| Outcome::Failure {
         error: e,
         retryable: true,
@@ -161,7 +326,6 @@ async fn http_post(url: &str, t: &Task) -> Outcome {
         .split_once('/')
         .map(|(h, p)| (h, format!("/{p}")))
         .unwrap_or((rest, "/".into()));
-    let budget = Duration::from_millis((t.deadline_ms - now_ms()).max(0) as u64);
     let io = async {
         let mut s = tokio::net::TcpStream::connect(hostport).await?;
         let head = format!(
@@ -176,10 +340,14 @@ async fn http_post(url: &str, t: &Task) -> Outcome {
         s.take(1 << 20).read_to_end(&mut resp).await?;
         Ok::<_, std::io::Error>(resp)
     };
-    let resp = match tokio::time::timeout(budget, io).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return fail(format!("POST {url}: {e}")),
-        Err(_) => return fail("POST timed out at the run deadline".into()),
+    let mut release = ctx.release.clone();
+    let resp = tokio::select! {
+        r = io => match r {
+            Ok(r) => r,
+            Err(e) => return fail(format!("POST {url}: {e}")),
+        },
+        // Dropping the request closes the connection; nothing else to stop.
+        why = cut(t, &mut release) => return cut_outcome(why, t, "the request was abandoned"),
     };
     let status: u16 = String::from_utf8_lossy(&resp)
         .split_whitespace()

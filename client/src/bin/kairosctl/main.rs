@@ -181,7 +181,7 @@ enum ClusterCmd {
 }
 
 /// Parses "200ms", "30s", "1m", "1h30m", "2d" into milliseconds.
-fn duration_ms(s: &str) -> anyhow::Result<u64> {
+pub(crate) fn duration_ms(s: &str) -> anyhow::Result<u64> {
     let mut total: u64 = 0;
     let mut rest = s.trim();
     anyhow::ensure!(!rest.is_empty(), "duration: empty");
