@@ -25,6 +25,7 @@ const LOG_TAIL_BYTES: u64 = 4096;
 
 struct NodeProc {
     grpc: String,
+    peer: String,
     http: String,
     dir: PathBuf,
     child: Option<Child>,
@@ -83,6 +84,7 @@ impl Inner {
             .open(&log_path)?;
         let child = Command::new(&bin)
             .args(["serve", "--id", &id.to_string(), "--listen", &n.grpc])
+            .args(["--peer-listen", &n.peer])
             .args(["--http", &n.http])
             .arg("--data-dir")
             .arg(&n.dir)
@@ -154,19 +156,20 @@ impl LocalCluster {
             "--bin {}: not found (build it with `cargo build --release -p kairos-server`)",
             bin.display()
         );
-        let ports = free_ports(2 * NODES as usize)?;
+        let ports = free_ports(3 * NODES as usize)?;
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let root = std::env::temp_dir().join(format!("kairos-bench-{}-{seq}", std::process::id()));
         let nodes: Vec<NodeProc> = (0..NODES as usize)
             .map(|i| NodeProc {
-                grpc: format!("127.0.0.1:{}", ports[2 * i]),
-                http: format!("127.0.0.1:{}", ports[2 * i + 1]),
+                grpc: format!("127.0.0.1:{}", ports[3 * i]),
+                http: format!("127.0.0.1:{}", ports[3 * i + 1]),
+                peer: format!("127.0.0.1:{}", ports[3 * i + 2]),
                 dir: root.join(format!("node{}", i + 1)),
                 child: None,
             })
             .collect();
         let peers = (nodes.iter().enumerate())
-            .map(|(i, n)| format!("{}={}", i + 1, n.grpc))
+            .map(|(i, n)| format!("{}={}", i + 1, n.peer))
             .collect::<Vec<_>>()
             .join(",");
         let inner = Inner {

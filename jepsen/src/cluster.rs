@@ -17,8 +17,10 @@ pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.s
 #[derive(Debug, Clone)]
 pub struct NodeSpec {
     pub id: u64,
-    /// gRPC address, reachable from the harness.
+    /// Public gRPC address, reachable from the harness.
     pub listen: String,
+    /// Peer (Raft) address.
+    pub peer: String,
     pub http: String,
     pub netns: Option<String>,
     /// Holds `data/`, `kairos.log` and `faketime`.
@@ -75,7 +77,7 @@ impl Cluster {
     fn peers(&self) -> String {
         self.nodes
             .iter()
-            .map(|n| format!("{}={}", n.id, n.listen))
+            .map(|n| format!("{}={}", n.id, n.peer))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -95,12 +97,16 @@ impl Cluster {
                 &n.id.to_string(),
                 "--listen",
                 &n.listen,
+                "--peer-listen",
+                &n.peer,
                 "--http",
                 &n.http,
             ])
             .arg("--data-dir")
             .arg(n.data_dir())
             .args(["--peers", &self.peers()])
+            // Namespaced nodes listen on non-loopback addresses.
+            .args(n.netns.is_some().then_some("--insecure"))
             .args(&self.extra_args);
         c.env(clean::ENV_RUN, &self.run_id)
             .env(clean::ENV_OWNER, std::process::id().to_string());

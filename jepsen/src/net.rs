@@ -10,9 +10,10 @@ use crate::clean;
 use anyhow::{bail, Context, Result};
 use std::process::Command;
 
-/// Port every node listens on inside its namespace (gRPC), and its HTTP port.
+/// Ports every node listens on inside its namespace: public gRPC, HTTP, peer.
 pub const GRPC_PORT: u16 = 7070;
 pub const HTTP_PORT: u16 = 7080;
+pub const PEER_PORT: u16 = 7170;
 
 #[derive(Debug, Clone)]
 pub struct NsNode {

@@ -129,17 +129,19 @@ fn node_specs(cfg: &RunConfig, id: &str, net: Option<&Net>) -> Result<Vec<NodeSp
     };
     Ok((1..=cfg.nodes as u64)
         .map(|i| {
-            let (listen, http, netns) = match net {
+            let (listen, peer, http, netns) = match net {
                 Some(n) => {
                     let ip = n.ip(i as usize - 1);
                     (
                         format!("{ip}:{}", net::GRPC_PORT),
+                        format!("{ip}:{}", net::PEER_PORT),
                         format!("{ip}:{}", net::HTTP_PORT),
                         Some(n.nodes[i as usize - 1].ns.clone()),
                     )
                 }
                 None => (
                     format!("127.0.0.1:{}", base + i as u16),
+                    format!("127.0.0.1:{}", base + 200 + i as u16),
                     format!("127.0.0.1:{}", base + 100 + i as u16),
                     None,
                 ),
@@ -147,6 +149,7 @@ fn node_specs(cfg: &RunConfig, id: &str, net: Option<&Net>) -> Result<Vec<NodeSp
             NodeSpec {
                 id: i,
                 listen,
+                peer,
                 http,
                 netns,
                 dir: cfg.out.join("nodes").join(format!("{id}-n{i}")),
@@ -155,13 +158,13 @@ fn node_specs(cfg: &RunConfig, id: &str, net: Option<&Net>) -> Result<Vec<NodeSp
         .collect())
 }
 
-/// A base port whose next 200 ports look free on loopback.
+/// A base port whose next 300 ports look free on loopback.
 fn free_port_base(n: usize) -> Result<u16> {
     let mut rng = rand::thread_rng();
     for _ in 0..50 {
         let base: u16 = rng.gen_range(20_000..40_000);
         let free = (1..=n as u16)
-            .flat_map(|i| [base + i, base + 100 + i])
+            .flat_map(|i| [base + i, base + 100 + i, base + 200 + i])
             .all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
         if free {
             return Ok(base);

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kairos_proto::peer::{peer_client::PeerClient, Empty};
+use kairos_proto::peer::{peer_client::PeerClient, Empty, LocalStatusResponse};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
@@ -26,10 +26,10 @@ use crate::store::{self, LogStore, StateMachine};
 #[derive(Clone)]
 pub struct Config {
     pub id: NodeId,
-    /// Address other nodes and clients use for this node's gRPC port.
+    /// Address clients and workers use for this node's public gRPC port.
     pub advertise: String,
     pub data_dir: PathBuf,
-    /// Every voter of a fresh cluster, this node included.
+    /// Peer (Raft) address of every voter of a fresh cluster, this node included.
     pub peers: BTreeMap<NodeId, String>,
     pub heartbeat_ms: u64,
     pub election_min_ms: u64,
@@ -133,7 +133,11 @@ const PROPOSALS_IN_FLIGHT: usize = 4;
 
 pub struct Node {
     pub id: NodeId,
+    /// This node's public address.
     pub addr: String,
+    /// Public addresses of the other members, learned over the peer channel
+    /// (the membership holds peer addresses only).
+    api_addrs: Mutex<HashMap<NodeId, String>>,
     pub raft: Raft,
     pub sm: StateMachine,
     pub log: LogStore,
@@ -173,19 +177,35 @@ impl Node {
         rx.await.map_err(|_| ProposeError::Timeout)?
     }
 
-    /// The leader this node knows of, with its address.
+    /// The leader this node knows of, with its public address (None until
+    /// that address has been learned).
     pub fn leader(&self) -> Option<(NodeId, String)> {
-        let m = self.raft.metrics().borrow().clone();
-        let id = m.current_leader?;
-        let addr = m.membership_config.membership().get_node(&id)?.addr.clone();
-        Some((id, addr))
+        let id = self.raft.metrics().borrow().current_leader?;
+        Some((id, self.api_addr(id)?))
+    }
+
+    /// A member's public address, if known.
+    pub fn api_addr(&self, id: NodeId) -> Option<String> {
+        if id == self.id {
+            return Some(self.addr.clone());
+        }
+        let map = self.api_addrs.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&id).cloned()
+    }
+
+    /// Records a member's public address as it reported it.
+    pub fn learn_api_addr(&self, id: NodeId, addr: &str) {
+        if id != self.id && !addr.is_empty() {
+            let mut map = self.api_addrs.lock().unwrap_or_else(|e| e.into_inner());
+            map.insert(id, addr.to_string());
+        }
     }
 
     pub fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().current_leader == Some(self.id)
     }
 
-    /// Voters of the current membership with their addresses.
+    /// Voters of the current membership with their peer addresses.
     pub fn voters(&self) -> Vec<(NodeId, String)> {
         let m = self.raft.metrics().borrow().membership_config.clone();
         let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
@@ -196,7 +216,7 @@ impl Node {
             .collect()
     }
 
-    /// All members (voters and learners) with their addresses.
+    /// All members (voters and learners) with their peer addresses.
     pub fn members(&self) -> Vec<(NodeId, String)> {
         let m = self.raft.metrics().borrow().membership_config.clone();
         m.membership()
@@ -214,6 +234,15 @@ impl Node {
         let c = network::channel(addr).ok()?;
         map.insert(addr.to_string(), c.clone());
         Some(c)
+    }
+
+    /// A member's own status, asked over its peer address.
+    pub async fn peer_status(&self, peer_addr: &str) -> Option<LocalStatusResponse> {
+        let mut req = tonic::Request::new(Empty {});
+        req.set_timeout(Duration::from_secs(2));
+        let mut client = PeerClient::new(self.channel(peer_addr)?);
+        let s = client.local_status(req).await.ok()?.into_inner();
+        Some(s)
     }
 
     /// One round-trip clock probe: the peer's wall clock and the midpoint of
@@ -423,10 +452,41 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
     }
 }
 
-/// Runs a node until `shutdown` resolves.
+/// How often members' public addresses are asked for (each unknown one every
+/// tick; all of them every `API_ADDR_REFRESH_TICKS`).
+const API_ADDR_TICK: Duration = Duration::from_secs(1);
+const API_ADDR_REFRESH_TICKS: u32 = 30;
+
+/// Learns the other members' public addresses over the peer channel.
+async fn learn_api_addrs(node: Arc<Node>) {
+    let mut tick = 0u32;
+    loop {
+        let refresh = tick % API_ADDR_REFRESH_TICKS == 0;
+        tick = tick.wrapping_add(1);
+        let wanted: Vec<(NodeId, String)> = node
+            .members()
+            .into_iter()
+            .filter(|(id, _)| *id != node.id && (refresh || node.api_addr(*id).is_none()))
+            .collect();
+        let asks = wanted.iter().map(|(id, peer)| {
+            let node = node.clone();
+            async move {
+                if let Some(s) = node.peer_status(peer).await {
+                    node.learn_api_addr(*id, &s.api_addr);
+                }
+            }
+        });
+        futures::future::join_all(asks).await;
+        tokio::time::sleep(API_ADDR_TICK).await;
+    }
+}
+
+/// Runs a node until `shutdown` resolves. `grpc` is the public port, `peer`
+/// the peer (Raft) port.
 pub async fn run(
     config: Config,
     grpc: TcpListener,
+    peer: TcpListener,
     http: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -452,6 +512,7 @@ pub async fn run(
         log,
         clock: Arc::new(ClusterClock::new(config.clock.clone())),
         dispatcher: Arc::new(Dispatcher::default()),
+        api_addrs: Mutex::new(HashMap::new()),
         assign_tx,
         finish_tx,
         proposal_tx,
@@ -463,6 +524,7 @@ pub async fn run(
         tokio::spawn(group_proposals(node.clone(), proposal_rx)),
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(bootstrap(node.clone(), config.peers.clone())),
+        tokio::spawn(learn_api_addrs(node.clone())),
     ];
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -476,8 +538,15 @@ pub async fn run(
             wait_stop(stop_rx.clone()),
         ))
     });
-    tracing::info!(id = node.id, addr = %node.addr, "node started");
-    crate::grpc::serve(node.clone(), grpc, wait_stop(stop_rx)).await?;
+    let peer_addr = peer.local_addr()?;
+    let peer_task = tokio::spawn(crate::grpc::serve_peer(
+        node.clone(),
+        peer,
+        wait_stop(stop_rx.clone()),
+    ));
+    tracing::info!(id = node.id, addr = %node.addr, peer = %peer_addr, "node started");
+    crate::grpc::serve_public(node.clone(), grpc, wait_stop(stop_rx)).await?;
+    peer_task.abort();
     for t in tasks {
         t.abort();
     }

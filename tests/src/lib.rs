@@ -57,6 +57,8 @@ fn free_port() -> u16 {
 pub struct NodeProc {
     pub id: u64,
     pub addr: String,
+    /// The peer (Raft) listener.
+    pub peer: String,
     pub http: String,
     pub data: PathBuf,
     child: Option<Child>,
@@ -77,6 +79,7 @@ impl Cluster {
             .map(|id| NodeProc {
                 id,
                 addr: format!("127.0.0.1:{}", free_port()),
+                peer: format!("127.0.0.1:{}", free_port()),
                 http: format!("127.0.0.1:{}", free_port()),
                 data: dir.path().join(format!("node{id}")),
                 child: None,
@@ -84,7 +87,7 @@ impl Cluster {
             .collect();
         let peers = nodes
             .iter()
-            .map(|n| format!("{}={}", n.id, n.addr))
+            .map(|n| format!("{}={}", n.id, n.peer))
             .collect::<Vec<_>>()
             .join(",");
         let mut c = Cluster {
@@ -116,6 +119,8 @@ impl Cluster {
                 &id.to_string(),
                 "--listen",
                 &n.addr,
+                "--peer-listen",
+                &n.peer,
                 "--http",
                 &n.http,
                 "--peers",

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use kairos_proto::peer::{peer_client::PeerClient, Empty};
 use kairos_proto::v1::{self as pb, jobs_client::JobsClient, runs_client::RunsClient};
 use tonic::{Request, Response, Status};
 
@@ -284,8 +283,11 @@ impl pb::cluster_server::Cluster for Api {
                 let s = if id == node.id {
                     Some(super::peer::local_status(&node).await)
                 } else {
-                    remote_status(&node, &addr).await
+                    node.peer_status(&addr).await
                 };
+                if let Some(s) = &s {
+                    node.learn_api_addr(id, &s.api_addr);
+                }
                 (id, addr, s)
             }
         });
@@ -293,7 +295,8 @@ impl pb::cluster_server::Cluster for Api {
         let mut leader = 0;
         let nodes = results
             .into_iter()
-            .map(|(id, addr, s)| {
+            .map(|(id, peer_addr, s)| {
+                let addr = self.node.api_addr(id).unwrap_or_default();
                 let clock_offset_ms = offsets
                     .iter()
                     .find(|(p, _)| *p == id)
@@ -312,11 +315,13 @@ impl pb::cluster_server::Cluster for Api {
                             state_digest: s.state_digest,
                             term: s.term,
                             clock_offset_ms,
+                            peer_addr,
                         }
                     }
                     None => pb::NodeStatus {
                         id,
                         addr,
+                        peer_addr,
                         role: "unreachable".into(),
                         clock_offset_ms,
                         ..Default::default()
@@ -329,14 +334,4 @@ impl pb::cluster_server::Cluster for Api {
         }
         Ok(Response::new(pb::StatusResponse { leader, nodes }))
     }
-}
-
-async fn remote_status(node: &Node, addr: &str) -> Option<kairos_proto::peer::LocalStatusResponse> {
-    let mut req = Request::new(Empty {});
-    req.set_timeout(std::time::Duration::from_secs(2));
-    PeerClient::new(node.channel(addr)?)
-        .local_status(req)
-        .await
-        .ok()
-        .map(|r| r.into_inner())
 }

@@ -1,7 +1,8 @@
-//! gRPC: the only module that touches tonic on the server side. Public
-//! services (`kairos.v1`), the internal peer service, health and
-//! reflection all share one port. A follower forwards public calls to the
-//! leader; a call already forwarded once is never forwarded again.
+//! gRPC: the only module that touches tonic on the server side. The public
+//! port serves `kairos.v1`, health and reflection; the internal peer service
+//! (`kairos.peer.v1`: Raft, status, clock probes) has a listener of its own
+//! and is never reachable on the public port. A follower forwards public
+//! calls to the leader; a call already forwarded once is never forwarded again.
 
 pub mod api;
 pub mod convert;
@@ -30,15 +31,33 @@ pub const FORWARDED_HEADER: &str = "x-kairos-forwarded";
 pub const LOCAL_HEADER: &str = "x-kairos-local";
 /// Largest gRPC message accepted (a 512 KiB result or 256 KiB payload plus overhead).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Largest peer message, either way: an AppendEntries of up to 64 entries or
+/// one snapshot chunk. Its bincode is decoded with the same limit.
+pub const PEER_MAX_MESSAGE_BYTES: usize = crate::core::codec::DECODE_LIMIT_BYTES;
 
-pub async fn serve(
+/// The services of the public port, as reflection names them.
+const PUBLIC_SERVICES: [&str; 5] = [
+    "kairos.v1.Jobs",
+    "kairos.v1.Runs",
+    "kairos.v1.Workers",
+    "kairos.v1.Cluster",
+    "grpc.health.v1.Health",
+];
+
+/// The public port: clients, workers, health and reflection. No peer RPC.
+pub async fn serve_public(
     node: Arc<Node>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<JobsServer<api::Api>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
+    // Only the public services are advertised (the descriptor set also holds the peer API).
+    let reflection = PUBLIC_SERVICES
+        .iter()
+        .fold(tonic_reflection::server::Builder::configure(), |b, s| {
+            b.with_service_name(*s)
+        })
         .register_encoded_file_descriptor_set(kairos_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let api = api::Api { node: node.clone() };
@@ -50,13 +69,26 @@ pub async fn serve(
         .add_service(RunsServer::new(api.clone()))
         .add_service(ClusterServer::new(api))
         .add_service(
-            WorkersServer::new(workers::WorkerService { node: node.clone() })
+            WorkersServer::new(workers::WorkerService { node })
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
+
+/// The peer port: Raft RPCs, local status and clock probes between nodes.
+pub async fn serve_peer(
+    node: Arc<Node>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
         .add_service(
             PeerServer::new(peer::PeerService { node })
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX),
+                .max_decoding_message_size(PEER_MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(PEER_MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;

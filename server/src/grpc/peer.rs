@@ -71,5 +71,6 @@ pub async fn local_status(node: &Node) -> LocalStatusResponse {
         state_digest,
         term: m.current_term,
         leader: m.current_leader.unwrap_or(0),
+        api_addr: node.addr.clone(),
     }
 }

@@ -45,8 +45,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConn {
         let client = channel(&node.addr).ok().map(|c| {
             PeerClient::new(c)
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX)
+                .max_decoding_message_size(crate::grpc::PEER_MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(crate::grpc::PEER_MAX_MESSAGE_BYTES)
         });
         PeerConn {
             target,

@@ -35,19 +35,26 @@ pub struct ServeArgs {
     /// This node's id (1..), unique in the cluster.
     #[arg(long, default_value_t = 1)]
     id: u64,
-    /// gRPC listen address (public API and peer traffic).
+    /// Public gRPC listen address: clients and workers (no peer RPC).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
-    /// Address other nodes and clients should use; defaults to --listen.
+    /// Public address clients and workers should use; defaults to --listen.
     #[arg(long)]
     advertise: Option<String>,
+    /// Peer (Raft) listen address; defaults to the public port + 100.
+    #[arg(long)]
+    peer_listen: Option<SocketAddr>,
+    /// Allow listening on non-loopback addresses without TLS (logs a warning).
+    #[arg(long)]
+    insecure: bool,
     /// HTTP address for /healthz, /readyz, /metrics and the dashboard.
     #[arg(long, default_value = "127.0.0.1:7080")]
     http: SocketAddr,
     /// Data directory (created if missing).
     #[arg(long, default_value = "./kairos-data")]
     data_dir: PathBuf,
-    /// Voters of the cluster as ID=ADDR,...; defaults to this node alone.
+    /// Voters of the cluster as ID=PEER_ADDR,... (their peer listeners);
+    /// defaults to this node alone.
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
     /// Build a snapshot after this many log entries.
@@ -90,12 +97,63 @@ fn parse_peers(list: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
     Ok(peers)
 }
 
+/// The default peer listener: the public port + 100 on the same host.
+fn default_peer_listen(listen: SocketAddr) -> anyhow::Result<SocketAddr> {
+    let port = listen
+        .port()
+        .checked_add(100)
+        .filter(|_| listen.port() != 0);
+    let port = port.with_context(|| {
+        format!("--peer-listen: required when --listen {listen} has no port + 100")
+    })?;
+    Ok(SocketAddr::new(listen.ip(), port))
+}
+
+/// Without TLS, every address must be loopback unless --insecure was given.
+fn check_transport(
+    a: &ServeArgs,
+    peer_listen: SocketAddr,
+    peers: &BTreeMap<u64, String>,
+) -> anyhow::Result<()> {
+    let loopback = |addr: &str| {
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    let mut open: Vec<String> = [a.listen, peer_listen, a.http]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(peers.values().cloned())
+        .filter(|addr| !loopback(addr))
+        .collect();
+    open.dedup();
+    if open.is_empty() {
+        tracing::info!("development mode: every address is loopback, no TLS");
+        return Ok(());
+    }
+    anyhow::ensure!(
+        a.insecure,
+        "refusing to serve without TLS on non-loopback addresses {}: give --insecure to accept that anyone who reaches them can use the cluster",
+        open.join(", ")
+    );
+    tracing::warn!(addresses = %open.join(", "), "INSECURE: serving without TLS on non-loopback addresses");
+    Ok(())
+}
+
 async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
+    let peer_listen = match a.peer_listen {
+        Some(p) => p,
+        None => default_peer_listen(a.listen)?,
+    };
     let mut peers = parse_peers(&a.peers)?;
     if peers.is_empty() {
-        peers.insert(a.id, advertise.clone());
+        peers.insert(a.id, peer_listen.to_string());
     }
+    check_transport(&a, peer_listen, &peers)?;
     let mut config = Config::new(a.id, advertise, a.data_dir.clone(), peers);
     config.snapshot_logs = a.snapshot_logs;
     config.keep_logs = a.keep_logs;
@@ -107,13 +165,16 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let grpc = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("--listen {}", a.listen))?;
+    let peer = tokio::net::TcpListener::bind(peer_listen)
+        .await
+        .with_context(|| format!("--peer-listen {peer_listen}"))?;
     let http = tokio::net::TcpListener::bind(a.http)
         .await
         .with_context(|| format!("--http {}", a.http))?;
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    run(config, grpc, Some(http), shutdown).await
+    run(config, grpc, peer, Some(http), shutdown).await
 }
 
 fn main() -> anyhow::Result<()> {

@@ -15,7 +15,8 @@ pub struct PlaygroundArgs {
     /// Number of nodes (1, 3 or 5).
     #[arg(long, default_value_t = 3)]
     nodes: u64,
-    /// First gRPC port; node i listens on base+i, its HTTP port on base+100+i.
+    /// First gRPC port; node i listens on base+i, its HTTP port on
+    /// base+100+i and its peer port on base+200+i.
     #[arg(long, default_value_t = 7170)]
     base_port: u16,
     /// Interval of the demo job.
@@ -40,10 +41,9 @@ pub async fn run(a: PlaygroundArgs) -> anyhow::Result<()> {
     let addrs: Vec<String> = (1..=a.nodes)
         .map(|i| format!("127.0.0.1:{}", a.base_port + i as u16))
         .collect();
-    let peers: Vec<String> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, ad)| format!("{}={ad}", i + 1))
+    let peer_addr = |id: u64| format!("127.0.0.1:{}", a.base_port + 200 + id as u16);
+    let peers: Vec<String> = (1..=a.nodes)
+        .map(|id| format!("{id}={}", peer_addr(id)))
         .collect();
     let exe = std::env::current_exe()?;
     let mut children = Children(Vec::new(), dir.clone());
@@ -55,6 +55,7 @@ pub async fn run(a: PlaygroundArgs) -> anyhow::Result<()> {
         })?;
         let child = tokio::process::Command::new(&exe)
             .args(["serve", "--id", &id.to_string(), "--listen", addr])
+            .args(["--peer-listen", &peer_addr(id as u64)])
             .args([
                 "--http",
                 &format!("127.0.0.1:{}", a.base_port + 100 + id as u16),
