@@ -12,13 +12,18 @@ use std::time::{Duration, Instant};
 
 pub use kairos_proto::v1 as pb;
 use pb::{cluster_client::ClusterClient, jobs_client::JobsClient, runs_client::RunsClient};
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 /// Metadata key the server uses for the leader's address on a redirect.
 pub const LEADER_HEADER: &str = "x-kairos-leader";
 /// Metadata key that asks a node for its local state (no forwarding).
 pub const LOCAL_HEADER: &str = "x-kairos-local";
+
+/// Metadata key carrying `Bearer <token>`.
+pub const AUTH_HEADER: &str = "authorization";
 
 #[derive(Clone)]
 pub struct Client {
@@ -30,17 +35,89 @@ struct Inner {
     current: Mutex<usize>,
     channels: Mutex<HashMap<String, Channel>>,
     retry_for: Duration,
+    security: Security,
 }
 
-/// Opens a lazily connecting channel; `addr` is host:port or a URL.
+/// How to reach a cluster: the CA to trust (TLS) and the token to present.
+/// The default is plain TCP without a token (a development cluster).
+#[derive(Clone, Default)]
+pub struct Security {
+    /// PEM of the cluster CA (`ca.crt` from `kairos certs init`).
+    pub ca_pem: Option<Vec<u8>>,
+    /// A token from `kairosctl token create` (or the first admin's).
+    pub token: Option<String>,
+}
+
+impl Security {
+    /// Reads the CA file (if any) and takes the token (if any).
+    pub fn load(ca: Option<&std::path::Path>, token: Option<String>) -> Result<Security, Status> {
+        let ca_pem = match ca {
+            Some(p) => Some(
+                std::fs::read(p)
+                    .map_err(|e| Status::invalid_argument(format!("--ca {}: {e}", p.display())))?,
+            ),
+            None => None,
+        };
+        Ok(Security {
+            ca_pem,
+            token: token.filter(|t| !t.is_empty()),
+        })
+    }
+
+    /// The interceptor that adds the token to every request.
+    pub fn auth(&self) -> Result<Auth, Status> {
+        let value = match &self.token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse::<AsciiMetadataValue>()
+                    .map_err(|_| Status::invalid_argument("token: not printable ASCII"))?,
+            ),
+            None => None,
+        };
+        Ok(Auth(value))
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to each request (nothing without a token).
+#[derive(Clone)]
+pub struct Auth(Option<AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert(AUTH_HEADER, v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A channel whose requests carry the token.
+pub type AuthChannel = InterceptedService<Channel, Auth>;
+
+/// Opens a lazily connecting plain channel; `addr` is host:port or a URL.
 pub fn channel(addr: &str) -> Result<Channel, Status> {
+    channel_with(addr, &Security::default())
+}
+
+/// Opens a lazily connecting channel, over TLS when `sec` has a CA.
+pub fn channel_with(addr: &str, sec: &Security) -> Result<Channel, Status> {
+    let scheme = if sec.ca_pem.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let url = if addr.contains("://") {
         addr.to_string()
     } else {
-        format!("http://{addr}")
+        format!("{scheme}://{addr}")
     };
-    let ep = Endpoint::from_shared(url)
-        .map_err(|e| Status::invalid_argument(format!("endpoint {addr:?}: {e}")))?;
+    let bad =
+        |e: tonic::transport::Error| Status::invalid_argument(format!("endpoint {addr:?}: {e}"));
+    let mut ep = Endpoint::from_shared(url).map_err(bad)?;
+    if let Some(ca) = &sec.ca_pem {
+        let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        ep = ep.tls_config(tls).map_err(bad)?;
+    }
     Ok(ep
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
@@ -72,21 +149,36 @@ impl Client {
                 current: Mutex::new(0),
                 channels: Mutex::new(HashMap::new()),
                 retry_for: Duration::from_secs(10),
+                security: Security::default(),
             }),
+        }
+    }
+
+    fn rebuilt(&self, retry_for: Duration, security: Security) -> Self {
+        let inner = Inner {
+            endpoints: Mutex::new(self.endpoints()),
+            current: Mutex::new(0),
+            channels: Mutex::new(HashMap::new()),
+            retry_for,
+            security,
+        };
+        Client {
+            inner: Arc::new(inner),
         }
     }
 
     /// How long a call keeps retrying through leader changes.
     pub fn with_retry_for(self, d: Duration) -> Self {
-        let inner = Inner {
-            endpoints: Mutex::new(self.endpoints()),
-            current: Mutex::new(0),
-            channels: Mutex::new(HashMap::new()),
-            retry_for: d,
-        };
-        Client {
-            inner: Arc::new(inner),
-        }
+        self.rebuilt(d, self.inner.security.clone())
+    }
+
+    /// TLS trust and token for every call.
+    pub fn with_security(self, sec: Security) -> Self {
+        self.rebuilt(self.inner.retry_for, sec)
+    }
+
+    pub fn security(&self) -> &Security {
+        &self.inner.security
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -126,25 +218,27 @@ impl Client {
         }
     }
 
-    pub fn channel_to(&self, addr: &str) -> Result<Channel, Status> {
+    /// A channel to `addr` whose requests carry this client's token.
+    pub fn channel_to(&self, addr: &str) -> Result<AuthChannel, Status> {
+        let auth = self.inner.security.auth()?;
         let mut map = self
             .inner
             .channels
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get(addr) {
-            return Ok(c.clone());
+            return Ok(InterceptedService::new(c.clone(), auth));
         }
-        let c = channel(addr)?;
+        let c = channel_with(addr, &self.inner.security)?;
         map.insert(addr.to_string(), c.clone());
-        Ok(c)
+        Ok(InterceptedService::new(c, auth))
     }
 
     /// Runs `f` against the current endpoint, following leader hints and
     /// trying other endpoints while the cluster is unavailable.
     pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(AuthChannel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let deadline = Instant::now() + self.inner.retry_for;
@@ -173,7 +267,7 @@ impl Client {
 
     pub async fn jobs<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
-        F: Fn(JobsClient<Channel>) -> Fut,
+        F: Fn(JobsClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.call(|c| f(JobsClient::new(c).max_decoding_message_size(8 << 20)))
@@ -182,7 +276,7 @@ impl Client {
 
     pub async fn runs<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
-        F: Fn(RunsClient<Channel>) -> Fut,
+        F: Fn(RunsClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.call(|c| f(RunsClient::new(c).max_decoding_message_size(64 << 20)))

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, Mutex};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::{channel, pb::workers_client::WorkersClient};
+use crate::pb::workers_client::WorkersClient;
 
 /// One run attempt handed to this worker.
 #[derive(Clone, Debug)]
@@ -67,6 +67,7 @@ pub struct Worker {
     labels: std::collections::HashMap<String, String>,
     heartbeat: Duration,
     stop_grace: Duration,
+    security: crate::Security,
 }
 
 #[derive(Default)]
@@ -92,6 +93,7 @@ impl Worker {
             labels: Default::default(),
             heartbeat: Duration::from_secs(1),
             stop_grace: Duration::ZERO,
+            security: crate::Security::default(),
         }
     }
 
@@ -116,6 +118,12 @@ impl Worker {
     /// deadline before it expires the attempt. At most 60 s.
     pub fn stop_grace(mut self, grace: Duration) -> Self {
         self.stop_grace = grace.min(Duration::from_secs(60));
+        self
+    }
+
+    /// TLS trust and token (a `worker` token for this worker's groups).
+    pub fn security(mut self, sec: crate::Security) -> Self {
+        self.security = sec;
         self
     }
 
@@ -226,7 +234,9 @@ impl Worker {
             msg: Some(Out::Hello(hello)),
         })
         .await?;
-        let mut client = WorkersClient::new(channel(addr)?).max_decoding_message_size(8 << 20);
+        let ch = crate::channel_with(addr, &self.security)?;
+        let mut client = WorkersClient::with_interceptor(ch, self.security.auth()?)
+            .max_decoding_message_size(8 << 20);
         let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
         // Finishes the previous leader never acknowledged: report them again.
         for f in shared.lock().await.unacked.values() {

@@ -11,5 +11,6 @@ pub mod leader;
 pub mod node;
 pub mod raft;
 pub mod store;
+pub mod tls;
 
 pub use node::{run, Config};

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kairos_proto::peer::{peer_client::PeerClient, Empty, LocalStatusResponse};
+use kairos_proto::peer::{Empty, LocalStatusResponse};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
@@ -19,8 +19,10 @@ use tonic::transport::Channel;
 use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::{limits, Command, CommandError, FinishReport, Response};
 use crate::leader::dispatch::{Dispatcher, Handed};
-use crate::raft::{network, NodeId, Raft};
+use crate::raft::network::{self, Dialer, PeerRpc};
+use crate::raft::{NodeId, Raft};
 use crate::store::{self, LogStore, StateMachine};
+use crate::tls::NodeTls;
 
 /// Validated node configuration.
 #[derive(Clone)]
@@ -41,6 +43,8 @@ pub struct Config {
     /// Bytes of sled's page cache (the storage engine's in-memory part).
     pub cache_bytes: u64,
     pub clock: Arc<dyn Clock>,
+    /// TLS for both listeners and every dial; None = plain TCP.
+    pub tls: Option<Arc<NodeTls>>,
 }
 
 impl Config {
@@ -67,6 +71,7 @@ impl Config {
             keep_logs: 1_000,
             cache_bytes: 1 << 30,
             clock: Arc::new(SystemClock),
+            tls: None,
         }
     }
 
@@ -146,7 +151,9 @@ pub struct Node {
     assign_tx: mpsc::Sender<Handed>,
     finish_tx: mpsc::Sender<FinishItem>,
     proposal_tx: mpsc::Sender<ProposalItem>,
-    channels: Mutex<HashMap<String, Channel>>,
+    /// Cached channels: to peer listeners by (Some(id), addr), to public ones by (None, addr).
+    channels: Mutex<HashMap<(Option<NodeId>, String), Channel>>,
+    pub dialer: Dialer,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -225,22 +232,37 @@ impl Node {
             .collect()
     }
 
-    /// A cached, lazily connecting channel to another node.
-    pub fn channel(&self, addr: &str) -> Option<Channel> {
+    /// A cached, lazily connecting channel to another node's public listener.
+    pub fn public_channel(&self, addr: &str) -> Option<Channel> {
+        self.cached_channel(None, addr)
+    }
+
+    /// A peer-service client for node `id` at its peer address.
+    pub fn peer_rpc(&self, id: NodeId, addr: &str) -> Option<PeerRpc> {
+        let ch = self.cached_channel(Some(id), addr)?;
+        Some(self.dialer.peer_client(ch))
+    }
+
+    fn cached_channel(&self, peer: Option<NodeId>, addr: &str) -> Option<Channel> {
         let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = map.get(addr) {
+        let key = (peer, addr.to_string());
+        if let Some(c) = map.get(&key) {
             return Some(c.clone());
         }
-        let c = network::channel(addr).ok()?;
-        map.insert(addr.to_string(), c.clone());
+        let c = match peer {
+            Some(id) => self.dialer.peer_channel(id, addr),
+            None => self.dialer.public_channel(addr),
+        };
+        let c = c.ok()?;
+        map.insert(key, c.clone());
         Some(c)
     }
 
     /// A member's own status, asked over its peer address.
-    pub async fn peer_status(&self, peer_addr: &str) -> Option<LocalStatusResponse> {
+    pub async fn peer_status(&self, id: NodeId, peer_addr: &str) -> Option<LocalStatusResponse> {
         let mut req = tonic::Request::new(Empty {});
         req.set_timeout(Duration::from_secs(2));
-        let mut client = PeerClient::new(self.channel(peer_addr)?);
+        let mut client = self.peer_rpc(id, peer_addr)?;
         let s = client.local_status(req).await.ok()?.into_inner();
         Some(s)
     }
@@ -248,7 +270,7 @@ impl Node {
     /// One round-trip clock probe: the peer's wall clock and the midpoint of
     /// the round trip on our monotonic clock.
     pub async fn probe_clock(&self, id: NodeId, addr: &str) -> Option<Sample> {
-        let mut client = PeerClient::new(self.channel(addr)?);
+        let mut client = self.peer_rpc(id, addr)?;
         let mut req = tonic::Request::new(Empty {});
         req.set_timeout(Duration::from_millis(500));
         let sent = self.clock.mono_ms();
@@ -422,10 +444,12 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
     loop {
         let mut all = true;
         for (id, addr) in peers.iter().filter(|(id, _)| **id != node.id) {
-            let Some(ch) = node.channel(addr) else { return };
+            let Some(mut client) = node.peer_rpc(*id, addr) else {
+                return;
+            };
             let mut req = tonic::Request::new(Empty {});
             req.set_timeout(Duration::from_millis(500));
-            match PeerClient::new(ch).local_status(req).await {
+            match client.local_status(req).await {
                 Ok(s) if s.get_ref().term > 0 => {
                     tracing::info!(
                         peer = id,
@@ -471,7 +495,7 @@ async fn learn_api_addrs(node: Arc<Node>) {
         let asks = wanted.iter().map(|(id, peer)| {
             let node = node.clone();
             async move {
-                if let Some(s) = node.peer_status(peer).await {
+                if let Some(s) = node.peer_status(*id, peer).await {
                     node.learn_api_addr(*id, &s.api_addr);
                 }
             }
@@ -493,10 +517,16 @@ pub async fn run(
     config.validate()?;
     let (log, sm) = store::open(&config.data_dir, config.cache_bytes, Default::default())?;
     let raft_config = Arc::new(config.raft_config()?);
+    let dialer = Dialer {
+        self_id: config.id,
+        tls: config.tls.clone(),
+    };
     let raft = Raft::new(
         config.id,
         raft_config,
-        network::Network,
+        network::Network {
+            dialer: dialer.clone(),
+        },
         log.clone(),
         sm.clone(),
     )
@@ -517,6 +547,7 @@ pub async fn run(
         finish_tx,
         proposal_tx,
         channels: Mutex::new(HashMap::new()),
+        dialer,
     });
     let tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
@@ -539,14 +570,12 @@ pub async fn run(
         ))
     });
     let peer_addr = peer.local_addr()?;
-    let peer_task = tokio::spawn(crate::grpc::serve_peer(
-        node.clone(),
-        peer,
-        wait_stop(stop_rx.clone()),
-    ));
-    tracing::info!(id = node.id, addr = %node.addr, peer = %peer_addr, "node started");
-    crate::grpc::serve_public(node.clone(), grpc, wait_stop(stop_rx)).await?;
-    peer_task.abort();
+    let tls = config.tls.clone();
+    tracing::info!(id = node.id, addr = %node.addr, peer = %peer_addr, tls = tls.is_some(), "node started");
+    tokio::try_join!(
+        crate::grpc::serve_peer(node.clone(), peer, tls.clone(), wait_stop(stop_rx.clone())),
+        crate::grpc::serve_public(node.clone(), grpc, tls, wait_stop(stop_rx)),
+    )?;
     for t in tasks {
         t.abort();
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kairos_client::{pb, Client};
+use kairos_client::{pb, Client, Security};
 
 /// The `kairos` binary next to this test executable, built on first use:
 /// `cargo nextest run` builds test targets but not a plain binary of another
@@ -35,6 +35,22 @@ fn workspace_bin(env: &str, package: &str, bin: &str, built: &std::sync::Once) -
         let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
         let mut cmd = Command::new(cargo);
         cmd.args(["build", "-q", "-p", package, "--bin", bin]);
+        // The variables cargo sets for this test's own package: build scripts
+        // that watch them (ring watches CARGO_MANIFEST_DIR) would rebuild.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CARGO_PKG_")
+                || [
+                    "CARGO_MANIFEST_DIR",
+                    "CARGO_MANIFEST_PATH",
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                ]
+                .contains(&k.as_str())
+            {
+                cmd.env_remove(k);
+            }
+        }
         if profile == "release" {
             cmd.arg("--release");
         }
@@ -68,13 +84,50 @@ pub struct Cluster {
     pub nodes: Vec<NodeProc>,
     peers: String,
     extra: Vec<String>,
+    /// What clients of this cluster present: its CA (TLS) and admin token.
+    pub security: Security,
+    /// Where `kairos certs init` wrote this cluster's certificates (TLS clusters).
+    pub tls_dir: Option<PathBuf>,
     _dir: tempfile::TempDir,
+}
+
+/// Runs `kairos certs init --nodes n --out dir`.
+pub fn certs_init(dir: &std::path::Path, n: u64) {
+    let out = Command::new(kairos_bin())
+        .args(["certs", "init", "--nodes", &n.to_string(), "--out"])
+        .arg(dir)
+        .output()
+        .expect("run kairos certs init");
+    assert!(
+        out.status.success(),
+        "certs init: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Cluster {
     /// Starts `n` nodes; `extra` flags go to every `kairos serve`.
     pub fn start(n: u64, extra: &[&str]) -> Cluster {
+        Self::start_with(n, extra, false)
+    }
+
+    /// Starts `n` nodes with TLS on both listeners (`--tls-dir`, certificates
+    /// from `kairos certs init`); clients trust the generated CA.
+    pub fn start_tls(n: u64, extra: &[&str]) -> Cluster {
+        Self::start_with(n, extra, true)
+    }
+
+    fn start_with(n: u64, extra: &[&str], tls: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut security = Security::default();
+        let tls_dir = tls.then(|| {
+            let certs = dir.path().join("certs");
+            certs_init(&certs, n);
+            extra.extend(["--tls-dir".to_string(), certs.display().to_string()]);
+            security.ca_pem = Some(std::fs::read(certs.join("ca.crt")).expect("ca.crt"));
+            certs
+        });
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|id| NodeProc {
                 id,
@@ -93,7 +146,9 @@ impl Cluster {
         let mut c = Cluster {
             nodes,
             peers,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            extra,
+            security,
+            tls_dir,
             _dir: dir,
         };
         for id in 1..=n {
@@ -157,12 +212,16 @@ impl Cluster {
     }
 
     pub fn client(&self) -> Client {
-        Client::new(self.endpoints()).with_retry_for(Duration::from_secs(30))
+        Client::new(self.endpoints())
+            .with_retry_for(Duration::from_secs(30))
+            .with_security(self.security.clone())
     }
 
     /// A client talking only to node `id`.
     pub fn client_of(&self, id: u64) -> Client {
-        Client::new([self.node(id).addr.clone()]).with_retry_for(Duration::from_secs(1))
+        Client::new([self.node(id).addr.clone()])
+            .with_retry_for(Duration::from_secs(1))
+            .with_security(self.security.clone())
     }
 
     /// Waits until a leader is elected and every live node reports it; returns its id.

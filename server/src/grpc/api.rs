@@ -283,7 +283,7 @@ impl pb::cluster_server::Cluster for Api {
                 let s = if id == node.id {
                     Some(super::peer::local_status(&node).await)
                 } else {
-                    node.peer_status(&addr).await
+                    node.peer_status(id, &addr).await
                 };
                 if let Some(s) = &s {
                     node.learn_api_addr(id, &s.api_addr);

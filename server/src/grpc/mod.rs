@@ -24,6 +24,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use crate::node::Node;
+use crate::tls::NodeTls;
 
 /// Set on a forwarded call so the receiver does not forward it again.
 pub const FORWARDED_HEADER: &str = "x-kairos-forwarded";
@@ -48,6 +49,7 @@ const PUBLIC_SERVICES: [&str; 5] = [
 pub async fn serve_public(
     node: Arc<Node>,
     listener: TcpListener,
+    tls: Option<Arc<NodeTls>>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -61,7 +63,11 @@ pub async fn serve_public(
         .register_encoded_file_descriptor_set(kairos_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let api = api::Api { node: node.clone() };
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        server = server.tls_config(tls.public_server())?;
+    }
+    server
         .tcp_nodelay(true)
         .add_service(health)
         .add_service(reflection)
@@ -81,9 +87,14 @@ pub async fn serve_public(
 pub async fn serve_peer(
     node: Arc<Node>,
     listener: TcpListener,
+    tls: Option<Arc<NodeTls>>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        server = server.tls_config(tls.peer_server())?;
+    }
+    server
         .tcp_nodelay(true)
         .add_service(
             PeerServer::new(peer::PeerService { node })
@@ -110,7 +121,7 @@ pub fn route<T>(node: &Node, req: &Request<T>) -> Result<Option<Channel>, Status
     }
     match &leader {
         Some((_, addr)) => node
-            .channel(addr)
+            .public_channel(addr)
             .map(Some)
             .ok_or_else(|| error::not_leader(leader.clone())),
         None => Err(error::not_leader(None)),

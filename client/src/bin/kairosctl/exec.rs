@@ -15,6 +15,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use kairos_client::process::{ProcessGroup, Stopped};
 use kairos_client::worker::{now_ms, Outcome, Task, Worker};
+use kairos_client::Security;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -87,7 +88,7 @@ struct RunCtx {
     release: watch::Receiver<bool>,
 }
 
-pub async fn run(endpoints: Vec<String>, a: WorkerArgs) -> anyhow::Result<()> {
+pub async fn run(endpoints: Vec<String>, security: Security, a: WorkerArgs) -> anyhow::Result<()> {
     if a.exec == Exec::Http {
         anyhow::ensure!(
             a.url.as_deref().is_some_and(|u| u.starts_with("http://")),
@@ -97,7 +98,8 @@ pub async fn run(endpoints: Vec<String>, a: WorkerArgs) -> anyhow::Result<()> {
     let kill_grace = Duration::from_millis(a.kill_grace);
     let mut w = Worker::connect(endpoints, &a.group)
         .capacity(a.concurrency)
-        .stop_grace(kill_grace + Duration::from_millis(REPORT_SLACK_MS));
+        .stop_grace(kill_grace + Duration::from_millis(REPORT_SLACK_MS))
+        .security(security);
     if let Some(id) = &a.id {
         w = w.id(id.clone());
     }

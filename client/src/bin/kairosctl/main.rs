@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kairos_client::{pb, Client};
+use kairos_client::{pb, Client, Security};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -26,6 +26,12 @@ struct Cli {
         global = true
     )]
     endpoints: Vec<String>,
+    /// The cluster CA (ca.crt from `kairos certs init`): connect over TLS.
+    #[arg(long, env = "KAIROS_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
+    /// Token to present (from `kairosctl token create`, or the first admin's).
+    #[arg(long, env = "KAIROS_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
     #[command(subcommand)]
@@ -557,7 +563,16 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    let client = Client::new(cli.endpoints.clone()).with_retry_for(Duration::from_secs(15));
+    let security = match Security::load(cli.ca.as_deref(), cli.token.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {}", e.message());
+            std::process::exit(2);
+        }
+    };
+    let client = Client::new(cli.endpoints.clone())
+        .with_retry_for(Duration::from_secs(15))
+        .with_security(security.clone());
     let res = match cli.cmd {
         Cmd::Job(j) => job_cmd(&client, cli.output, j).await,
         Cmd::Runs(RunsCmd::List { job, limit }) => client
@@ -582,7 +597,7 @@ async fn main() {
             .map(|r| print_runs(cli.output, &[r]))
             .map_err(Into::into),
         Cmd::Cluster(ClusterCmd::Status) => cluster_status(&client, cli.output).await,
-        Cmd::Worker(w) => exec::run(cli.endpoints, w).await,
+        Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
     };
     if let Err(e) = res {
         match e.downcast_ref::<tonic::Status>() {

@@ -28,6 +28,27 @@ enum Cmd {
     Serve(ServeArgs),
     /// Start a local cluster of child processes, a demo job and a worker; print each fire until Ctrl-C.
     Playground(playground::PlaygroundArgs),
+    /// Cluster certificates.
+    #[command(subcommand)]
+    Certs(CertsCmd),
+}
+
+#[derive(Subcommand)]
+enum CertsCmd {
+    /// Write a new cluster CA, a certificate and key per node (ids 1..=N) and
+    /// a client certificate into a new directory, for `serve --tls-dir`.
+    Init {
+        /// Directory to create the files in (refuses one that holds a CA).
+        #[arg(long)]
+        out: PathBuf,
+        /// Number of node certificates (node ids 1..=N).
+        #[arg(long)]
+        nodes: u64,
+        /// A DNS name or IP address clients and peers use for the nodes
+        /// (repeatable); localhost and the loopback addresses are always included.
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -44,6 +65,11 @@ pub struct ServeArgs {
     /// Peer (Raft) listen address; defaults to the public port + 100.
     #[arg(long)]
     peer_listen: Option<SocketAddr>,
+    /// Directory from `kairos certs init`: ca.crt, node-<id>.crt and
+    /// node-<id>.key. Both listeners then use TLS; peers must present a
+    /// certificate from the CA naming their node.
+    #[arg(long, env = "KAIROS_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
     /// Allow listening on non-loopback addresses without TLS (logs a warning).
     #[arg(long)]
     insecure: bool,
@@ -130,6 +156,9 @@ fn check_transport(
         .filter(|addr| !loopback(addr))
         .collect();
     open.dedup();
+    if a.tls_dir.is_some() {
+        return Ok(());
+    }
     if open.is_empty() {
         tracing::info!("development mode: every address is loopback, no TLS");
         return Ok(());
@@ -161,6 +190,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     config.heartbeat_ms = a.heartbeat_ms;
     config.election_min_ms = a.election_min_ms;
     config.election_max_ms = a.election_max_ms;
+    if let Some(dir) = &a.tls_dir {
+        config.tls = Some(std::sync::Arc::new(kairos_server::tls::NodeTls::load(
+            dir, a.id,
+        )?));
+    }
     config.validate()?;
     let grpc = tokio::net::TcpListener::bind(a.listen)
         .await
@@ -196,5 +230,11 @@ fn main() -> anyhow::Result<()> {
         },
         Some(Cmd::Serve(a)) => rt.block_on(serve(a)),
         Some(Cmd::Playground(p)) => rt.block_on(playground::run(p)),
+        Some(Cmd::Certs(CertsCmd::Init { out, nodes, hosts })) => {
+            for f in kairos_server::tls::init(&out, nodes, &hosts)? {
+                println!("{}", f.display());
+            }
+            Ok(())
+        }
     }
 }
