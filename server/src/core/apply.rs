@@ -7,7 +7,9 @@
 //! - nothing fires before its time: a key with `fire_at_ms > now` is skipped;
 //! - the next occurrence is computed from the *scheduled* time (no drift);
 //! - state-machine time (`META_TIME`) never goes backwards;
-//! - a refused command produces no writes.
+//! - a refused command produces no writes;
+//! - apply is total: no command, however extreme its fields, panics
+//!   (checked, saturating or i128 arithmetic on every command value).
 
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -326,7 +328,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.group = spec.group.clone();
         job.payload = spec.payload.clone();
         job.policy = spec.policy.clone();
-        job.revision += 1;
+        job.revision = job.revision.saturating_add(1);
         job.updated_at_ms = self.now;
         if reschedule {
             job.schedule = spec.schedule.resolve(self.now);
@@ -350,7 +352,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if !job.paused {
             self.set_next(&mut job, None);
             job.paused = true;
-            job.revision += 1;
+            job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
             self.put(keys::job(id), &job);
         }
@@ -362,7 +364,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let mut job = self.job(id)?;
         if job.paused {
             job.paused = false;
-            job.revision += 1;
+            job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
             let first = self.first_occurrence(&job, self.now)?;
             self.set_next(&mut job, first);
@@ -443,8 +445,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Runs (or records) the occurrence at `scheduled` per the misfire policy
     /// and schedules the next one from the scheduled time, not from now.
     fn fire_occurrence(&mut self, job: &mut Job, scheduled: i64) -> Result<(), CommandError> {
-        let late_ms = self.now - scheduled;
-        let late = late_ms > job.policy.misfire_grace_ms as i64;
+        let late_ms = self.now.saturating_sub(scheduled);
+        let late = late_ms > i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
         let next = if !late || job.policy.misfire == Misfire::FireAll {
             let note = if late {
                 format!("late by {late_ms} ms (misfire fire-all)")
@@ -459,7 +461,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 let note = format!(
                     "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
                     walk.count,
-                    self.now - walk.last
+                    self.now.saturating_sub(walk.last)
                 );
                 self.start_run(job, walk.last, note);
             } else {
@@ -485,6 +487,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return false;
         }
         run.retry_at_ms = None;
+        // Cannot overflow: a run waits for a retry only below `max_attempts`.
         run.attempt += 1;
         run.state = RunState::Pending;
         run.worker.clear();
@@ -539,7 +542,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// records beyond `RUN_HISTORY_MAX`. An active oldest run stops the trim:
     /// history may then exceed the cap until it ends.
     fn trim_history(&mut self, job: &mut Job, added: u64) {
-        job.history_len += added;
+        job.history_len = job.history_len.saturating_add(added);
         let prefix = keys::runs_of(&job.id);
         let end = keys::prefix_end(&prefix);
         while job.history_len > limits::RUN_HISTORY_MAX {
@@ -594,7 +597,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             self.ready(&run, &job.policy);
             self.save_live_run(&run, &job.policy);
         }
-        job.active_runs += shards;
+        job.active_runs = job.active_runs.saturating_add(shards);
         self.trim_history(job, shards as u64);
     }
 
@@ -756,16 +759,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn fail_attempt(&mut self, mut run: Run, retryable: bool, last: RunState, jitter_ms: u64) {
         let policy = self.policy(&run.id.job);
         if retryable && run.attempt < policy.max_attempts {
-            let exp = (run.attempt - 1).min(20);
+            let exp = run.attempt.saturating_sub(1).min(20);
             let backoff = policy
                 .backoff_ms
                 .saturating_mul(1 << exp)
                 .min(limits::BACKOFF_MAX_MS);
             // Jitter of up to half the backoff; the leader drew it, so every replica agrees.
             let jitter = jitter_ms % (backoff / 2 + 1);
-            let at = self
-                .now
-                .saturating_add(backoff.saturating_add(jitter) as i64);
+            let delay = i64::try_from(backoff.saturating_add(jitter)).unwrap_or(i64::MAX);
+            let at = self.now.saturating_add(delay);
             run.state = RunState::RetryWait;
             run.retry_at_ms = Some(at);
             run.note = format!("attempt {} {}; retry at {at}", run.attempt, last.as_str());
@@ -801,6 +803,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             )));
         }
         let mut job = self.job(&id.job)?;
+        if run.attempt == u32::MAX {
+            return Err(CommandError::FailedPrecondition(format!(
+                "run {id} is at its last possible attempt number"
+            )));
+        }
         run.attempt += 1;
         run.state = RunState::Pending;
         run.note = format!("manual retry as attempt {}", run.attempt);
@@ -810,7 +817,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         run.result.clear();
         run.error.clear();
         run.received_at_ms = 0;
-        job.active_runs += 1;
+        job.active_runs = job.active_runs.saturating_add(1);
         self.ready(&run, &job.policy);
         self.save_live_run(&run, &job.policy);
         self.put(keys::job(&job.id), &job);
@@ -846,13 +853,15 @@ struct Walk {
 /// Walks the occurrences from `first` (due) up to `now`, bounded.
 fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError> {
     if let Schedule::Every { every_ms, .. } = s {
-        let every = *every_ms as i64;
-        let count = (now - first) / every + 1;
-        let last = first + (count - 1) * every;
+        // In i128: `now` may be i64::MAX, and the next occurrence past it
+        // does not exist rather than wrap.
+        let (every, first_w) = (i128::from((*every_ms).max(1)), i128::from(first));
+        let count = (i128::from(now) - first_w).max(0) / every + 1;
+        let last = first_w + (count - 1) * every;
         return Ok(Walk {
-            last,
-            count: count as u64,
-            next: Some(last + every),
+            last: i64::try_from(last).unwrap_or(first),
+            count: u64::try_from(count).unwrap_or(u64::MAX),
+            next: i64::try_from(last + every).ok(),
         });
     }
     let (mut last, mut count) = (first, 1u64);

@@ -97,8 +97,10 @@ fn run_prefix_with(prefix: u8, job: &str) -> Vec<u8> {
     let mut v = Vec::with_capacity(14 + job.len());
     v.push(prefix);
     // Ids are at most 128 bytes (validated), so the length fits one byte and
-    // one job's runs form a contiguous range.
-    v.push(job.len() as u8);
+    // one job's runs form a contiguous range. A longer id (an unknown run
+    // named in a command) gets 255, a length no stored key has: it finds
+    // nothing and never aliases a stored key.
+    v.push(u8::try_from(job.len()).unwrap_or(u8::MAX));
     v.extend_from_slice(job.as_bytes());
     v
 }

@@ -1219,3 +1219,42 @@ fn a_batch_applies_each_command_as_if_alone() {
     assert!(invalid_msg(&a).contains("a batch cannot contain a batch"));
     assert_nothing_done(&a);
 }
+
+// ------------------------------------------------------------------ totality
+
+#[test]
+fn an_at_schedule_at_the_start_of_time_is_refused_not_a_panic() {
+    let mut sim = sim_with(every("a", 1000));
+    let far_past = spec("a", ScheduleInput::At { at_ms: i64::MIN });
+    let a = sim.exec(update(far_past.clone(), 0, T0));
+    assert!(
+        invalid_msg(&a).starts_with("schedule.at: -9223372036854775808 is "),
+        "{}",
+        invalid_msg(&a)
+    );
+    assert_nothing_done(&a);
+    let mut fresh = Sim::default();
+    let a = fresh.exec(Command::CreateJob {
+        spec: far_past,
+        now_ms: i64::MAX,
+    });
+    assert!(invalid_msg(&a).starts_with("schedule.at:"));
+    assert_nothing_done(&a);
+}
+
+#[test]
+fn a_misfire_walk_at_the_end_of_time_coalesces_without_overflow() {
+    let mut sim = sim_with(with_misfire(every("a", 1000), Misfire::FireOnce, 0));
+    let a = sim.fire(i64::MAX, vec![occ("a", T0 + 1000)]);
+    assert_eq!(a.response, fired(1, 0));
+    let ran = ready_runs(&a);
+    assert_eq!(ran.len(), 1);
+    let last = T0 + 1000 + (i64::MAX - T0 - 1000) / 1000 * 1000;
+    assert_eq!(ran[0], rid("a", last), "the latest due occurrence runs");
+    assert_eq!(
+        sim.job("a").next_fire_at_ms,
+        None,
+        "no occurrence fits after the end of time"
+    );
+    assert_eq!(sim.occurrences("a"), vec![]);
+}

@@ -131,7 +131,7 @@ impl ScheduleInput {
             },
             ScheduleInput::At { at_ms } => Schedule::Once { at_ms: *at_ms },
             ScheduleInput::After { after_ms } => Schedule::Once {
-                at_ms: now_ms.saturating_add(*after_ms as i64),
+                at_ms: now_ms.saturating_add(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
             },
         }
     }

@@ -59,7 +59,8 @@ pub fn schedule(s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
             if *at_ms < now_ms.saturating_sub(limits::ONE_SHOT_PAST_TOLERANCE_MS) {
                 return Err(invalid(format!(
                     "schedule.at: {at_ms} is {} ms in the past (at most {} ms allowed)",
-                    now_ms - at_ms,
+                    // Exact in i128: `at_ms` may be as far back as i64::MIN.
+                    i128::from(now_ms) - i128::from(*at_ms),
                     limits::ONE_SHOT_PAST_TOLERANCE_MS
                 )));
             }
