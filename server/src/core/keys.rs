@@ -24,7 +24,9 @@ pub const META_RESTORING: &[u8] = b"mrestoring";
 /// entries carry a shard; policies carry route and fan-out. 3: retention
 /// counters. 4: streamed snapshot files (`store::snapfile`). 5: finish
 /// reports in the log say whether the worker timed the attempt out.
-pub const STATE_VERSION: u32 = 5;
+/// 6: snapshot files end with a SHA-256 of all their bytes, and the install
+/// marker is finished from `snapshot.recv` while that file still exists.
+pub const STATE_VERSION: u32 = 6;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()
