@@ -177,7 +177,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
             Command::Assign { assignments, .. } => Ok(self.assign(assignments)),
             Command::Finish { reports, .. } => self.finish_all(reports),
-            Command::Expire { expired, .. } => Ok(self.expire_all(expired)),
+            Command::Expire { expired, .. } => self.expire_all(expired),
             Command::RetryRun { run, .. } => self.retry_run(run).map(Response::Run),
             Command::Batch { .. } => Err(CommandError::Invalid(
                 "commands: batches do not nest".into(),
@@ -460,14 +460,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             if job.policy.misfire == Misfire::FireOnce {
                 let note = format!(
                     "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
-                    walk.count,
+                    walk.count_text(),
                     self.now.saturating_sub(walk.last)
                 );
                 self.start_run(job, walk.last, note);
             } else {
                 let note = format!(
                     "misfire skip: {} occurrence(s) from {scheduled} to {} not run",
-                    walk.count, walk.last
+                    walk.count_text(),
+                    walk.last
                 );
                 self.record_skipped(job, scheduled, note);
             }
@@ -591,6 +592,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
         }
         let shards = self.fanout(job);
+        if job.active_runs.saturating_add(shards) > limits::ACTIVE_RUNS_MAX {
+            let note = format!(
+                "too many active runs: {} of at most {} active, the occurrence needs {shards}",
+                job.active_runs,
+                limits::ACTIVE_RUNS_MAX
+            );
+            return self.record_skipped(job, scheduled, note);
+        }
         for shard in 0..shards {
             let id = RunId::shard(&job.id, scheduled, shard);
             let run = self.new_run(job, id, shards, RunState::Pending, note.clone());
@@ -601,11 +610,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.trim_history(job, shards as u64);
     }
 
+    /// Cancels the job's active runs: at most `ACTIVE_RUNS_MAX`, since no
+    /// more are ever started.
     fn cancel_active_runs(&mut self, job: &mut Job, why: &str) {
         let prefix = keys::active_of(&job.id);
-        let active = self
-            .o
-            .range(&prefix, &keys::prefix_end(&prefix), usize::MAX);
+        let limit = limits::ACTIVE_RUNS_MAX as usize;
+        let active = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
         for (k, _) in active {
             let Some(id) = keys::run_id_from(&k) else {
                 continue;
@@ -733,7 +743,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         Ok(())
     }
 
-    fn expire_all(&mut self, expired: &[(RunId, u32, u64)]) -> Response {
+    fn expire_all(&mut self, expired: &[(RunId, u32, u64)]) -> Result<Response, CommandError> {
+        if expired.len() > limits::EXPIRE_BATCH_MAX {
+            return Err(CommandError::Invalid(format!(
+                "expired: at most {} per command, got {}",
+                limits::EXPIRE_BATCH_MAX,
+                expired.len()
+            )));
+        }
         let results = expired
             .iter()
             .map(|(id, attempt, jitter)| {
@@ -752,7 +769,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 Ok(())
             })
             .collect();
-        Response::Batch(results)
+        Ok(Response::Batch(results))
     }
 
     /// Retries with exponential backoff while attempts remain, else ends the run as `last`.
@@ -803,6 +820,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             )));
         }
         let mut job = self.job(&id.job)?;
+        if job.active_runs >= limits::ACTIVE_RUNS_MAX {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {:?} has {} active runs, the most allowed",
+                job.id, job.active_runs
+            )));
+        }
         if run.attempt == u32::MAX {
             return Err(CommandError::FailedPrecondition(format!(
                 "run {id} is at its last possible attempt number"
@@ -846,11 +869,24 @@ struct Walk {
     last: i64,
     /// Occurrences from the first missed one up to `last`.
     count: u64,
+    /// More than `MISFIRE_WALK_MAX` were missed: `count` stops there.
+    capped: bool,
     /// First occurrence after now.
     next: Option<i64>,
 }
 
-/// Walks the occurrences from `first` (due) up to `now`, bounded.
+impl Walk {
+    fn count_text(&self) -> String {
+        if self.capped {
+            format!("more than {}", limits::MISFIRE_WALK_MAX)
+        } else {
+            self.count.to_string()
+        }
+    }
+}
+
+/// Walks the occurrences from `first` (due) up to `now`, visiting at most
+/// `MISFIRE_WALK_MAX`; past that the latest one is found by bisection.
 fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError> {
     if let Schedule::Every { every_ms, .. } = s {
         // In i128: `now` may be i64::MAX, and the next occurrence past it
@@ -861,6 +897,7 @@ fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError>
         return Ok(Walk {
             last: i64::try_from(last).unwrap_or(first),
             count: u64::try_from(count).unwrap_or(u64::MAX),
+            capped: false,
             next: i64::try_from(last + every).ok(),
         });
     }
@@ -874,12 +911,38 @@ fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError>
             }
             Some(n) if n <= now => {
                 return Ok(Walk {
-                    last,
+                    last: latest_at_or_before(s, last, now)?,
                     count,
+                    capped: true,
                     next: next_after(s, now)?,
                 })
             }
-            _ => return Ok(Walk { last, count, next }),
+            _ => {
+                return Ok(Walk {
+                    last,
+                    count,
+                    capped: false,
+                    next,
+                })
+            }
         }
     }
+}
+
+/// The latest occurrence at or before `now`, given an occurrence `lo`
+/// before it that is not the latest. Bisects on "the next occurrence after
+/// `t` is at or before `now`", true at `lo` and false at `now`: at most 64
+/// searches, however many occurrences lie between.
+fn latest_at_or_before(s: &Schedule, mut lo: i64, now: i64) -> Result<i64, CommandError> {
+    let mut hi = now;
+    // In i128: `lo` may be before the year 1 and `now` i64::MAX.
+    while i128::from(hi) - i128::from(lo) > 1 {
+        let mid = i64::try_from((i128::from(lo) + i128::from(hi)) / 2).unwrap_or(lo);
+        if next_after(s, mid)?.is_some_and(|n| n <= now) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(next_after(s, lo)?.filter(|n| *n <= now).unwrap_or(lo))
 }
