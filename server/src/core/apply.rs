@@ -544,14 +544,18 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// history may then exceed the cap until it ends.
     fn trim_history(&mut self, job: &mut Job, added: u64) {
         job.history_len = job.history_len.saturating_add(added);
+        let excess = job.history_len.saturating_sub(limits::RUN_HISTORY_MAX);
+        if excess == 0 {
+            return;
+        }
+        // One read of the oldest `excess` records (not one read per record,
+        // each skipping the deletions before it).
         let prefix = keys::runs_of(&job.id);
-        let end = keys::prefix_end(&prefix);
-        while job.history_len > limits::RUN_HISTORY_MAX {
-            let Some((key, value)) = self.o.range(&prefix, &end, 1).pop() else {
-                break;
-            };
-            let oldest: Run = decode(&value).expect("corrupt replicated run");
-            if !oldest.state.is_terminal() {
+        let limit = usize::try_from(excess).unwrap_or(usize::MAX);
+        let oldest = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
+        for (key, value) in oldest {
+            let run: Run = decode(&value).expect("corrupt replicated run");
+            if !run.state.is_terminal() {
                 break;
             }
             self.o.delete(key);
