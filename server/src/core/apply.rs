@@ -7,7 +7,9 @@
 //! - nothing fires before its time: a key with `fire_at_ms > now` is skipped;
 //! - the next occurrence is computed from the *scheduled* time (no drift);
 //! - state-machine time (`META_TIME`) never goes backwards;
-//! - a refused command produces no writes.
+//! - a refused command produces no writes;
+//! - apply is total: no command, however extreme its fields, panics
+//!   (checked, saturating or i128 arithmetic on every command value).
 
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -175,7 +177,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
             Command::Assign { assignments, .. } => Ok(self.assign(assignments)),
             Command::Finish { reports, .. } => self.finish_all(reports),
-            Command::Expire { expired, .. } => Ok(self.expire_all(expired)),
+            Command::Expire { expired, .. } => self.expire_all(expired),
             Command::RetryRun { run, .. } => self.retry_run(run).map(Response::Run),
             Command::Batch { .. } => Err(CommandError::Invalid(
                 "commands: batches do not nest".into(),
@@ -326,7 +328,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.group = spec.group.clone();
         job.payload = spec.payload.clone();
         job.policy = spec.policy.clone();
-        job.revision += 1;
+        job.revision = job.revision.saturating_add(1);
         job.updated_at_ms = self.now;
         if reschedule {
             job.schedule = spec.schedule.resolve(self.now);
@@ -350,7 +352,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if !job.paused {
             self.set_next(&mut job, None);
             job.paused = true;
-            job.revision += 1;
+            job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
             self.put(keys::job(id), &job);
         }
@@ -362,7 +364,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let mut job = self.job(id)?;
         if job.paused {
             job.paused = false;
-            job.revision += 1;
+            job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
             let first = self.first_occurrence(&job, self.now)?;
             self.set_next(&mut job, first);
@@ -443,8 +445,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Runs (or records) the occurrence at `scheduled` per the misfire policy
     /// and schedules the next one from the scheduled time, not from now.
     fn fire_occurrence(&mut self, job: &mut Job, scheduled: i64) -> Result<(), CommandError> {
-        let late_ms = self.now - scheduled;
-        let late = late_ms > job.policy.misfire_grace_ms as i64;
+        let late_ms = self.now.saturating_sub(scheduled);
+        let late = late_ms > i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
         let next = if !late || job.policy.misfire == Misfire::FireAll {
             let note = if late {
                 format!("late by {late_ms} ms (misfire fire-all)")
@@ -458,14 +460,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             if job.policy.misfire == Misfire::FireOnce {
                 let note = format!(
                     "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
-                    walk.count,
-                    self.now - walk.last
+                    walk.count_text(),
+                    self.now.saturating_sub(walk.last)
                 );
                 self.start_run(job, walk.last, note);
             } else {
                 let note = format!(
                     "misfire skip: {} occurrence(s) from {scheduled} to {} not run",
-                    walk.count, walk.last
+                    walk.count_text(),
+                    walk.last
                 );
                 self.record_skipped(job, scheduled, note);
             }
@@ -485,6 +488,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return false;
         }
         run.retry_at_ms = None;
+        // Cannot overflow: a run waits for a retry only below `max_attempts`.
         run.attempt += 1;
         run.state = RunState::Pending;
         run.worker.clear();
@@ -539,15 +543,19 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// records beyond `RUN_HISTORY_MAX`. An active oldest run stops the trim:
     /// history may then exceed the cap until it ends.
     fn trim_history(&mut self, job: &mut Job, added: u64) {
-        job.history_len += added;
+        job.history_len = job.history_len.saturating_add(added);
+        let excess = job.history_len.saturating_sub(limits::RUN_HISTORY_MAX);
+        if excess == 0 {
+            return;
+        }
+        // One read of the oldest `excess` records (not one read per record,
+        // each skipping the deletions before it).
         let prefix = keys::runs_of(&job.id);
-        let end = keys::prefix_end(&prefix);
-        while job.history_len > limits::RUN_HISTORY_MAX {
-            let Some((key, value)) = self.o.range(&prefix, &end, 1).pop() else {
-                break;
-            };
-            let oldest: Run = decode(&value).expect("corrupt replicated run");
-            if !oldest.state.is_terminal() {
+        let limit = usize::try_from(excess).unwrap_or(usize::MAX);
+        let oldest = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
+        for (key, value) in oldest {
+            let run: Run = decode(&value).expect("corrupt replicated run");
+            if !run.state.is_terminal() {
                 break;
             }
             self.o.delete(key);
@@ -588,21 +596,30 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
         }
         let shards = self.fanout(job);
+        if job.active_runs.saturating_add(shards) > limits::ACTIVE_RUNS_MAX {
+            let note = format!(
+                "too many active runs: {} of at most {} active, the occurrence needs {shards}",
+                job.active_runs,
+                limits::ACTIVE_RUNS_MAX
+            );
+            return self.record_skipped(job, scheduled, note);
+        }
         for shard in 0..shards {
             let id = RunId::shard(&job.id, scheduled, shard);
             let run = self.new_run(job, id, shards, RunState::Pending, note.clone());
             self.ready(&run, &job.policy);
             self.save_live_run(&run, &job.policy);
         }
-        job.active_runs += shards;
+        job.active_runs = job.active_runs.saturating_add(shards);
         self.trim_history(job, shards as u64);
     }
 
+    /// Cancels the job's active runs: at most `ACTIVE_RUNS_MAX`, since no
+    /// more are ever started.
     fn cancel_active_runs(&mut self, job: &mut Job, why: &str) {
         let prefix = keys::active_of(&job.id);
-        let active = self
-            .o
-            .range(&prefix, &keys::prefix_end(&prefix), usize::MAX);
+        let limit = limits::ACTIVE_RUNS_MAX as usize;
+        let active = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
         for (k, _) in active {
             let Some(id) = keys::run_id_from(&k) else {
                 continue;
@@ -730,7 +747,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         Ok(())
     }
 
-    fn expire_all(&mut self, expired: &[(RunId, u32, u64)]) -> Response {
+    fn expire_all(&mut self, expired: &[(RunId, u32, u64)]) -> Result<Response, CommandError> {
+        if expired.len() > limits::EXPIRE_BATCH_MAX {
+            return Err(CommandError::Invalid(format!(
+                "expired: at most {} per command, got {}",
+                limits::EXPIRE_BATCH_MAX,
+                expired.len()
+            )));
+        }
         let results = expired
             .iter()
             .map(|(id, attempt, jitter)| {
@@ -749,23 +773,22 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 Ok(())
             })
             .collect();
-        Response::Batch(results)
+        Ok(Response::Batch(results))
     }
 
     /// Retries with exponential backoff while attempts remain, else ends the run as `last`.
     fn fail_attempt(&mut self, mut run: Run, retryable: bool, last: RunState, jitter_ms: u64) {
         let policy = self.policy(&run.id.job);
         if retryable && run.attempt < policy.max_attempts {
-            let exp = (run.attempt - 1).min(20);
+            let exp = run.attempt.saturating_sub(1).min(20);
             let backoff = policy
                 .backoff_ms
                 .saturating_mul(1 << exp)
                 .min(limits::BACKOFF_MAX_MS);
             // Jitter of up to half the backoff; the leader drew it, so every replica agrees.
             let jitter = jitter_ms % (backoff / 2 + 1);
-            let at = self
-                .now
-                .saturating_add(backoff.saturating_add(jitter) as i64);
+            let delay = i64::try_from(backoff.saturating_add(jitter)).unwrap_or(i64::MAX);
+            let at = self.now.saturating_add(delay);
             run.state = RunState::RetryWait;
             run.retry_at_ms = Some(at);
             run.note = format!("attempt {} {}; retry at {at}", run.attempt, last.as_str());
@@ -801,6 +824,17 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             )));
         }
         let mut job = self.job(&id.job)?;
+        if job.active_runs >= limits::ACTIVE_RUNS_MAX {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {:?} has {} active runs, the most allowed",
+                job.id, job.active_runs
+            )));
+        }
+        if run.attempt == u32::MAX {
+            return Err(CommandError::FailedPrecondition(format!(
+                "run {id} is at its last possible attempt number"
+            )));
+        }
         run.attempt += 1;
         run.state = RunState::Pending;
         run.note = format!("manual retry as attempt {}", run.attempt);
@@ -810,7 +844,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         run.result.clear();
         run.error.clear();
         run.received_at_ms = 0;
-        job.active_runs += 1;
+        job.active_runs = job.active_runs.saturating_add(1);
         self.ready(&run, &job.policy);
         self.save_live_run(&run, &job.policy);
         self.put(keys::job(&job.id), &job);
@@ -839,20 +873,36 @@ struct Walk {
     last: i64,
     /// Occurrences from the first missed one up to `last`.
     count: u64,
+    /// More than `MISFIRE_WALK_MAX` were missed: `count` stops there.
+    capped: bool,
     /// First occurrence after now.
     next: Option<i64>,
 }
 
-/// Walks the occurrences from `first` (due) up to `now`, bounded.
+impl Walk {
+    fn count_text(&self) -> String {
+        if self.capped {
+            format!("more than {}", limits::MISFIRE_WALK_MAX)
+        } else {
+            self.count.to_string()
+        }
+    }
+}
+
+/// Walks the occurrences from `first` (due) up to `now`, visiting at most
+/// `MISFIRE_WALK_MAX`; past that the latest one is found by bisection.
 fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError> {
     if let Schedule::Every { every_ms, .. } = s {
-        let every = *every_ms as i64;
-        let count = (now - first) / every + 1;
-        let last = first + (count - 1) * every;
+        // In i128: `now` may be i64::MAX, and the next occurrence past it
+        // does not exist rather than wrap.
+        let (every, first_w) = (i128::from((*every_ms).max(1)), i128::from(first));
+        let count = (i128::from(now) - first_w).max(0) / every + 1;
+        let last = first_w + (count - 1) * every;
         return Ok(Walk {
-            last,
-            count: count as u64,
-            next: Some(last + every),
+            last: i64::try_from(last).unwrap_or(first),
+            count: u64::try_from(count).unwrap_or(u64::MAX),
+            capped: false,
+            next: i64::try_from(last + every).ok(),
         });
     }
     let (mut last, mut count) = (first, 1u64);
@@ -865,12 +915,38 @@ fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError>
             }
             Some(n) if n <= now => {
                 return Ok(Walk {
-                    last,
+                    last: latest_at_or_before(s, last, now)?,
                     count,
+                    capped: true,
                     next: next_after(s, now)?,
                 })
             }
-            _ => return Ok(Walk { last, count, next }),
+            _ => {
+                return Ok(Walk {
+                    last,
+                    count,
+                    capped: false,
+                    next,
+                })
+            }
         }
     }
+}
+
+/// The latest occurrence at or before `now`, given an occurrence `lo`
+/// before it that is not the latest. Bisects on "the next occurrence after
+/// `t` is at or before `now`", true at `lo` and false at `now`: at most 64
+/// searches, however many occurrences lie between.
+fn latest_at_or_before(s: &Schedule, mut lo: i64, now: i64) -> Result<i64, CommandError> {
+    let mut hi = now;
+    // In i128: `lo` may be before the year 1 and `now` i64::MAX.
+    while i128::from(hi) - i128::from(lo) > 1 {
+        let mid = i64::try_from((i128::from(lo) + i128::from(hi)) / 2).unwrap_or(lo);
+        if next_after(s, mid)?.is_some_and(|n| n <= now) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(next_after(s, lo)?.filter(|n| *n <= now).unwrap_or(lo))
 }

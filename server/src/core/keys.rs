@@ -24,7 +24,9 @@ pub const META_RESTORING: &[u8] = b"mrestoring";
 /// entries carry a shard; policies carry route and fan-out. 3: retention
 /// counters. 4: streamed snapshot files (`store::snapfile`). 5: finish
 /// reports in the log say whether the worker timed the attempt out.
-pub const STATE_VERSION: u32 = 5;
+/// 6: snapshot files end with a SHA-256 of all their bytes, and the install
+/// marker is finished from `snapshot.recv` while that file still exists.
+pub const STATE_VERSION: u32 = 6;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()
@@ -97,8 +99,10 @@ fn run_prefix_with(prefix: u8, job: &str) -> Vec<u8> {
     let mut v = Vec::with_capacity(14 + job.len());
     v.push(prefix);
     // Ids are at most 128 bytes (validated), so the length fits one byte and
-    // one job's runs form a contiguous range.
-    v.push(job.len() as u8);
+    // one job's runs form a contiguous range. A longer id (an unknown run
+    // named in a command) gets 255, a length no stored key has: it finds
+    // nothing and never aliases a stored key.
+    v.push(u8::try_from(job.len()).unwrap_or(u8::MAX));
     v.extend_from_slice(job.as_bytes());
     v
 }

@@ -8,6 +8,8 @@ pub mod apply;
 pub mod codec;
 pub mod command;
 pub mod keys;
+#[cfg(test)]
+mod proptests;
 pub mod query;
 pub mod schedule;
 #[cfg(test)]

@@ -1219,3 +1219,147 @@ fn a_batch_applies_each_command_as_if_alone() {
     assert!(invalid_msg(&a).contains("a batch cannot contain a batch"));
     assert_nothing_done(&a);
 }
+
+// ------------------------------------------------------------------ totality
+
+#[test]
+fn an_at_schedule_at_the_start_of_time_is_refused_not_a_panic() {
+    let mut sim = sim_with(every("a", 1000));
+    let far_past = spec("a", ScheduleInput::At { at_ms: i64::MIN });
+    let a = sim.exec(update(far_past.clone(), 0, T0));
+    assert!(
+        invalid_msg(&a).starts_with("schedule.at: -9223372036854775808 is "),
+        "{}",
+        invalid_msg(&a)
+    );
+    assert_nothing_done(&a);
+    let mut fresh = Sim::default();
+    let a = fresh.exec(Command::CreateJob {
+        spec: far_past,
+        now_ms: i64::MAX,
+    });
+    assert!(invalid_msg(&a).starts_with("schedule.at:"));
+    assert_nothing_done(&a);
+}
+
+#[test]
+fn a_misfire_walk_at_the_end_of_time_coalesces_without_overflow() {
+    let mut sim = sim_with(with_misfire(every("a", 1000), Misfire::FireOnce, 0));
+    let a = sim.fire(i64::MAX, vec![occ("a", T0 + 1000)]);
+    assert_eq!(a.response, fired(1, 0));
+    let ran = ready_runs(&a);
+    assert_eq!(ran.len(), 1);
+    let last = T0 + 1000 + (i64::MAX - T0 - 1000) / 1000 * 1000;
+    assert_eq!(ran[0], rid("a", last), "the latest due occurrence runs");
+    assert_eq!(
+        sim.job("a").next_fire_at_ms,
+        None,
+        "no occurrence fits after the end of time"
+    );
+    assert_eq!(sim.occurrences("a"), vec![]);
+}
+
+// ------------------------------------------------------------------ bounded work per command
+
+#[test]
+fn an_expire_of_more_attempts_than_the_cap_is_refused_without_writes() {
+    let (mut sim, run) = retrying_job();
+    let expired = vec![(run.clone(), 1, 0); limits::EXPIRE_BATCH_MAX + 1];
+    let a = sim.exec(Command::Expire {
+        now_ms: T0 + 61_000,
+        expired,
+    });
+    assert_eq!(
+        invalid_msg(&a),
+        format!(
+            "expired: at most {} per command, got {}",
+            limits::EXPIRE_BATCH_MAX,
+            limits::EXPIRE_BATCH_MAX + 1
+        )
+    );
+    assert_nothing_done(&a);
+    assert_eq!(sim.run(&run).state, RunState::Pending);
+}
+
+#[test]
+fn a_cron_expression_that_never_matches_is_refused_at_validation() {
+    for expr in ["0 0 30 2 *", "0 0 31 4 *", "0 0 0 1 1 * 2020"] {
+        let mut sim = Sim::default();
+        let cron = ScheduleInput::Cron {
+            expr: expr.into(),
+            tz: "Europe/Berlin".into(),
+        };
+        let a = sim.exec(Command::CreateJob {
+            spec: spec("a", cron),
+            now_ms: T0,
+        });
+        assert!(
+            invalid_msg(&a).starts_with("schedule.cron.expr: never matches"),
+            "{expr}: {}",
+            invalid_msg(&a)
+        );
+        assert_nothing_done(&a);
+    }
+    // Rare is not never: February 29 comes back.
+    let mut sim = Sim::default();
+    let leap = ScheduleInput::Cron {
+        expr: "0 0 29 2 *".into(),
+        tz: String::new(),
+    };
+    sim.create(spec("a", leap), T0);
+    assert!(sim.job("a").next_fire_at_ms.is_some());
+}
+
+#[test]
+fn fire_once_past_the_walk_cap_runs_the_latest_due_occurrence() {
+    let cron = ScheduleInput::Cron {
+        expr: "* * * * * *".into(),
+        tz: String::new(),
+    };
+    let mut sim = sim_with(with_misfire(spec("s", cron), Misfire::FireOnce, 0));
+    let first = sim.job("s").next_fire_at_ms.unwrap();
+    let missed = 2 * limits::MISFIRE_WALK_MAX as i64;
+    let now = first + missed * 1000 + 400;
+    let a = sim.fire(now, vec![occ("s", first)]);
+    let latest = first + missed * 1000;
+    assert_eq!(ready_runs(&a), vec![rid("s", latest)]);
+    assert!(
+        sim.run(&rid("s", latest))
+            .note
+            .contains(&format!("more than {}", limits::MISFIRE_WALK_MAX)),
+        "{}",
+        sim.run(&rid("s", latest)).note
+    );
+    assert_eq!(sim.job("s").next_fire_at_ms, Some(latest + 1000));
+}
+
+#[test]
+fn a_job_never_has_more_active_runs_than_the_cap_and_a_delete_cancels_them_all() {
+    let sharded = with_fanout(every("x", 1000), Fanout::Shards(limits::SHARDS_MAX));
+    let mut sim = sim_with(sharded);
+    let full = (limits::ACTIVE_RUNS_MAX / limits::SHARDS_MAX) as i64;
+    for k in 1..=full {
+        let a = sim.fire(T0 + k * 1000, vec![occ("x", T0 + k * 1000)]);
+        assert_eq!(ready_runs(&a).len(), limits::SHARDS_MAX as usize);
+    }
+    assert_eq!(sim.job("x").active_runs, limits::ACTIVE_RUNS_MAX);
+    let over = T0 + (full + 1) * 1000;
+    let a = sim.fire(over, vec![occ("x", over)]);
+    assert_eq!(ready_runs(&a).len(), 0, "no run over the cap");
+    let skipped = sim.run(&rid("x", over));
+    assert_eq!(skipped.state, RunState::Skipped);
+    assert!(skipped.note.contains("active runs"), "{}", skipped.note);
+    assert_eq!(sim.job("x").active_runs, limits::ACTIVE_RUNS_MAX);
+
+    let a = sim.exec(Command::DeleteJob {
+        id: "x".into(),
+        now_ms: over,
+    });
+    let cancels = a
+        .effects
+        .iter()
+        .filter(|e| matches!(e, Effect::Cancel { .. }))
+        .count();
+    assert_eq!(cancels, limits::ACTIVE_RUNS_MAX as usize);
+    assert_eq!(sim.active_runs("x"), vec![]);
+}

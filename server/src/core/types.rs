@@ -16,6 +16,8 @@ pub mod limits {
     pub const ERROR_MAX_BYTES: usize = 4 * 1024;
     pub const FIRE_BATCH_MAX: usize = 4096;
     pub const FINISH_BATCH_MAX: usize = 4096;
+    /// Lease expiries in one Expire command.
+    pub const EXPIRE_BATCH_MAX: usize = 4096;
     /// Client commands grouped into one log entry.
     pub const PROPOSAL_BATCH_MAX: usize = 1024;
     pub const PAGE_SIZE_MAX: usize = 1000;
@@ -35,6 +37,10 @@ pub mod limits {
     /// Run records kept per job: creating one more deletes the oldest
     /// finished record (active runs are never deleted).
     pub const RUN_HISTORY_MAX: u64 = 10_000;
+    /// Runs of one job not yet terminal. An occurrence that would exceed it
+    /// is recorded skipped, and a manual retry is refused; so cancelling a
+    /// job's runs (delete, `replace`) touches at most this many.
+    pub const ACTIVE_RUNS_MAX: u32 = 4096;
     /// Runs per occurrence of a sharded job.
     pub const SHARDS_MAX: u32 = 1024;
     /// Runs per occurrence of a broadcast job (one per connected worker).
@@ -131,7 +137,7 @@ impl ScheduleInput {
             },
             ScheduleInput::At { at_ms } => Schedule::Once { at_ms: *at_ms },
             ScheduleInput::After { after_ms } => Schedule::Once {
-                at_ms: now_ms.saturating_add(*after_ms as i64),
+                at_ms: now_ms.saturating_add(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
             },
         }
     }

@@ -59,7 +59,8 @@ pub fn schedule(s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
             if *at_ms < now_ms.saturating_sub(limits::ONE_SHOT_PAST_TOLERANCE_MS) {
                 return Err(invalid(format!(
                     "schedule.at: {at_ms} is {} ms in the past (at most {} ms allowed)",
-                    now_ms - at_ms,
+                    // Exact in i128: `at_ms` may be as far back as i64::MIN.
+                    i128::from(now_ms) - i128::from(*at_ms),
                     limits::ONE_SHOT_PAST_TOLERANCE_MS
                 )));
             }
@@ -67,7 +68,20 @@ pub fn schedule(s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
         ScheduleInput::Cron { .. } => {}
     }
     let resolved: Schedule = s.resolve(now_ms);
-    resolved.validate().map_err(|e| invalid(e.to_string()))
+    resolved.validate().map_err(|e| invalid(e.to_string()))?;
+    if let Schedule::Cron { .. } = resolved {
+        // A pattern that never matches would cost a search to the end of
+        // the calendar on every later look; refuse it once, here.
+        let next = resolved
+            .next_after(now_ms)
+            .map_err(|e| invalid(e.to_string()))?;
+        if next.is_none() {
+            return Err(invalid(format!(
+                "schedule.cron.expr: never matches after {now_ms} (a date that does not exist, such as February 30, or a past year)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 pub fn job_spec(spec: &JobSpec, now_ms: i64) -> Result<(), CommandError> {

@@ -94,6 +94,9 @@ impl<'a, V: StateView + ?Sized> Overlay<'a, V> {
     }
 }
 
+/// Smallest page of base rows one range read pulls at a time.
+const PAGE_MIN: usize = 64;
+
 impl<V: StateView + ?Sized> StateView for Overlay<'_, V> {
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
         match self.pending.get(key) {
@@ -102,24 +105,59 @@ impl<V: StateView + ?Sized> StateView for Overlay<'_, V> {
         }
     }
 
+    /// Merges base pages with the pending writes in key order, lazily: the
+    /// work is for the rows returned (plus base rows hidden by deletions),
+    /// not for every pending write in the range.
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-        if start >= end {
-            return Vec::new();
+        use std::ops::Bound::{Excluded, Included};
+        let mut out = Vec::new();
+        if start >= end || limit == 0 {
+            return out;
         }
-        // Deletions can hide base rows, so read enough of the base to still fill `limit`.
-        let hidden = self.pending.range(start.to_vec()..end.to_vec()).count();
-        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = self
-            .base
-            .range(start, end, limit.saturating_add(hidden))
-            .into_iter()
-            .collect();
-        for (k, v) in self.pending.range(start.to_vec()..end.to_vec()) {
-            match v {
-                Some(v) => merged.insert(k.clone(), v.clone()),
-                None => merged.remove(k),
-            };
+        let mut pending = self
+            .pending
+            .range::<[u8], _>((Included(start), Excluded(end)))
+            .peekable();
+        let mut from = start.to_vec();
+        'pages: loop {
+            let want = (limit - out.len()).max(PAGE_MIN);
+            let page = self.base.range(&from, end, want);
+            let last_page = page.len() < want;
+            for (k, v) in page {
+                // Pending writes before this base row come first.
+                while let Some((pk, pv)) = pending.next_if(|(pk, _)| pk.as_slice() < k.as_slice()) {
+                    if let Some(pv) = pv {
+                        out.push((pk.clone(), pv.clone()));
+                    }
+                    if out.len() == limit {
+                        return out;
+                    }
+                }
+                // A pending write to the same key replaces or hides it.
+                match pending.next_if(|(pk, _)| pk.as_slice() == k.as_slice()) {
+                    Some((_, Some(pv))) => out.push((k.clone(), pv.clone())),
+                    Some((_, None)) => {}
+                    None => out.push((k.clone(), v)),
+                }
+                if out.len() == limit {
+                    return out;
+                }
+                from = k;
+                from.push(0);
+            }
+            if last_page {
+                break 'pages;
+            }
         }
-        merged.into_iter().take(limit).collect()
+        for (pk, pv) in pending {
+            if let Some(pv) = pv {
+                out.push((pk.clone(), pv.clone()));
+                if out.len() == limit {
+                    break;
+                }
+            }
+        }
+        out
     }
 }
 
@@ -149,5 +187,58 @@ mod tests {
                 Write::Put(b"bb".to_vec(), b"x".to_vec())
             ]
         );
+    }
+
+    /// Counts the base rows a range read pulls.
+    struct Counting {
+        base: MemView,
+        rows: std::cell::Cell<usize>,
+    }
+
+    impl StateView for Counting {
+        fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+            self.base.get(key)
+        }
+
+        fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+            let rows = self.base.range(start, end, limit);
+            self.rows.set(self.rows.get() + rows.len());
+            rows
+        }
+    }
+
+    #[test]
+    fn a_short_range_read_does_work_for_its_limit_not_for_all_pending_writes() {
+        let key = |i: u32| [b"k".as_slice(), &i.to_be_bytes()].concat();
+        let mut base = MemView::default();
+        base.write(
+            &(0..1000)
+                .map(|i| Write::Put(key(i), vec![1]))
+                .collect::<Vec<_>>(),
+        );
+        let base = Counting {
+            base,
+            rows: Default::default(),
+        };
+        let mut o = Overlay::new(&base);
+        for i in 1000..3000 {
+            o.put(key(i), vec![2]);
+        }
+        o.delete(key(0));
+        o.delete(key(1));
+        let got = o.range(b"k", b"l", 2);
+        assert_eq!(got, vec![(key(2), vec![1]), (key(3), vec![1])]);
+        assert!(
+            base.rows.get() <= 2 + 2 + PAGE_MIN,
+            "read {} base rows for 2",
+            base.rows.get()
+        );
+        // Deletions, pending puts and base rows still merge in key order.
+        let all = o.range(b"k", b"l", usize::MAX);
+        assert_eq!(all.len(), 2998);
+        assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(all[997], (key(999), vec![1]));
+        assert_eq!(all[998], (key(1000), vec![2]));
+        assert_eq!(o.range(b"k", b"l", 0), vec![]);
     }
 }

@@ -16,7 +16,7 @@ use rand::Rng;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::time::{sleep, Instant};
 
-use crate::core::{limits, Command, Effect, WheelKey};
+use crate::core::{limits, Command, Effect, Response, WheelKey};
 use crate::node::Node;
 use wheel::TimingWheel;
 
@@ -270,24 +270,30 @@ impl Term {
         if expired.is_empty() {
             return;
         }
-        let mut rng = rand::thread_rng();
-        let with_jitter = expired
-            .iter()
-            .map(|(r, a)| (r.clone(), *a, rng.gen_range(0..10_000u64)))
-            .collect();
-        let node = self.node.clone();
-        tokio::spawn(async move {
-            if let Err(e) = node
-                .propose(Command::Expire {
+        // Apply refuses an Expire over the cap: propose in chunks it takes.
+        for chunk in expired.chunks(limits::EXPIRE_BATCH_MAX) {
+            let mut rng = rand::thread_rng();
+            let with_jitter = chunk
+                .iter()
+                .map(|(r, a)| (r.clone(), *a, rng.gen_range(0..10_000u64)))
+                .collect();
+            let (node, chunk) = (self.node.clone(), chunk.to_vec());
+            tokio::spawn(async move {
+                let cmd = Command::Expire {
                     now_ms: now,
                     expired: with_jitter,
-                })
-                .await
-            {
-                tracing::warn!("lease expiry not committed: {e}");
-                node.dispatcher.expire_failed(&expired);
-            }
-        });
+                };
+                let failed = match node.propose(cmd).await {
+                    Ok(Response::Error(e)) => Some(e.to_string()),
+                    Ok(_) => None,
+                    Err(e) => Some(e.to_string()),
+                };
+                if let Some(e) = failed {
+                    tracing::warn!("lease expiry not committed: {e}");
+                    node.dispatcher.expire_failed(&chunk);
+                }
+            });
+        }
     }
 }
 

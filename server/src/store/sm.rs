@@ -64,8 +64,9 @@ impl StateMachine {
         let tree = db.open_tree("state")?;
         let snapshot_path = dir.join("snapshot.bin");
         if KvTree::get(&tree, keys::META_RESTORING)?.is_some() {
-            tracing::warn!("a snapshot install was interrupted; loading {snapshot_path:?} again");
-            restore(&tree, &snapshot_path).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            tracing::warn!("a snapshot install was interrupted; doing it again");
+            finish_install(&tree, &snapshot_path.with_extension("recv"), &snapshot_path)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         }
         match KvTree::get(&tree, keys::META_VERSION)? {
             None => {
@@ -321,21 +322,46 @@ fn sync_dir(file: &Path) -> std::io::Result<()> {
 /// Pairs written per sled batch while a snapshot is loaded.
 const RESTORE_BATCH: usize = 4096;
 
-/// Replaces the whole state with the pairs of a snapshot file. A marker key
-/// is written first and removed with the last batch: a node that crashes
-/// midway finds it on open and loads the file again.
-fn restore(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
-    let mut reader = snapfile::Reader::open(path)?;
-    if reader.version != keys::STATE_VERSION {
+/// Installs a received snapshot file that [`snapfile::verify`] accepted.
+/// A marker key is written first and removed last: a node that crashes
+/// midway finds it on open and finishes the install ([`finish_install`]).
+/// `snapshot.bin` stays the previous snapshot until the state holds the new one.
+fn install(tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Result<()> {
+    let io = std::io::Error::other;
+    tree.insert(keys::META_RESTORING, &[][..]).map_err(io)?;
+    tree.flush().map_err(io)?;
+    finish_install(tree, recv, current)
+}
+
+/// Loads the file being installed (still `recv`, or already renamed to
+/// `current`), makes it the current snapshot and removes the marker.
+fn finish_install(tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Result<()> {
+    let io = std::io::Error::other;
+    let renamed = !recv.try_exists()?;
+    let source = if renamed { current } else { recv };
+    load(tree, source)?;
+    if !renamed {
+        std::fs::rename(recv, current)?;
+        sync_dir(current)?;
+    }
+    tree.remove(keys::META_RESTORING).map_err(io)?;
+    tree.flush().map_err(io)?;
+    Ok(())
+}
+
+/// Replaces the whole state but the install marker with the pairs of a
+/// snapshot file, in bounded batches. The file is verified first (a second
+/// time during install: the check is cheap next to the load, and the disk
+/// may have changed it).
+fn load(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
+    let (version, _) = snapfile::verify(path)?;
+    if version != keys::STATE_VERSION {
         return Err(std::io::Error::other(format!(
-            "snapshot format version {}, this binary understands {}",
-            reader.version,
+            "snapshot format version {version}, this binary understands {}",
             keys::STATE_VERSION
         )));
     }
     let io = std::io::Error::other;
-    tree.insert(keys::META_RESTORING, &[][..]).map_err(io)?;
-    tree.flush().map_err(io)?;
     // Delete everything but the marker, in bounded batches.
     loop {
         let mut batch = sled::Batch::default();
@@ -355,6 +381,7 @@ fn restore(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
         }
         tree.apply_batch(batch).map_err(io)?;
     }
+    let mut reader = snapfile::Reader::open(path)?;
     let mut batch = sled::Batch::default();
     let mut n = 0;
     while let Some((k, v)) = reader.next_pair()? {
@@ -365,7 +392,6 @@ fn restore(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
             n = 0;
         }
     }
-    batch.remove(keys::META_RESTORING);
     tree.apply_batch(batch).map_err(io)?;
     tree.flush().map_err(io)?;
     Ok(())
@@ -424,7 +450,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(Box::new(f))
     }
 
-    /// Checks the received file, makes it the current snapshot, then loads it.
+    /// Verifies the whole received file (format, pair count, checksum,
+    /// log id) before anything is replaced, then loads it into the state
+    /// and makes it the current snapshot. A refused file changes nothing.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
@@ -433,29 +461,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot.sync_all().await.map_err(snap_err)?;
         drop(snapshot);
         let recv = self.receive_path();
-        let header = {
+        let (version, held) = {
             let recv = recv.clone();
-            blocking(move || snapfile::Reader::open(&recv)).await?
+            blocking(move || snapfile::verify(&recv)).await?
         };
-        if header.meta.last_log_id != meta.last_log_id || header.version != keys::STATE_VERSION {
+        if held.last_log_id != meta.last_log_id || version != keys::STATE_VERSION {
             let e = StoreError::Corrupt(format!(
-                "received snapshot holds {:?} (format {}), expected {:?} (format {})",
-                header.meta.last_log_id,
-                header.version,
+                "received snapshot holds {:?} (format {version}), expected {:?} (format {})",
+                held.last_log_id,
                 meta.last_log_id,
                 keys::STATE_VERSION
             ));
             return Err(snap_err(e));
         }
-        drop(header);
         let _g = self.inner.apply_lock.lock().await;
         let (tree, path) = (self.inner.tree.clone(), self.inner.snapshot_path.clone());
-        blocking(move || {
-            std::fs::rename(&recv, &path)?;
-            sync_dir(&path)?;
-            restore(&tree, &path)
-        })
-        .await
+        blocking(move || install(&tree, &recv, &path)).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
@@ -549,6 +570,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_install_interrupted_before_the_rename_is_finished_from_the_received_file() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (mut a, snap) = node_with_snapshot(a_dir.path(), 20).await;
+        let (mut b, _) = node_with_snapshot(b_dir.path(), 3).await;
+        let meta = snap.meta.clone();
+        drop(receive(&mut b, snap).await);
+        // The crash: marker written and the state half replaced, file not yet renamed.
+        b.inner.tree.insert(keys::META_RESTORING, &[][..]).unwrap();
+        b.inner.tree.remove(keys::job("job-2")).unwrap();
+        b.inner.db.flush().unwrap();
+        drop(b);
+        let mut b = open(b_dir.path());
+        assert_eq!(b.digest().await, a.digest().await);
+        let current = b.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, meta, "the received file became the snapshot");
+        assert!(!b.receive_path().exists());
+        assert_eq!(a.get_current_snapshot().await.unwrap().unwrap().meta, meta);
+    }
+
+    #[tokio::test]
     async fn a_received_snapshot_for_another_log_id_is_refused_and_changes_nothing() {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (_a, snap) = node_with_snapshot(a_dir.path(), 5).await;
@@ -560,5 +601,59 @@ mod tests {
         other.last_log_id = Some(LogId::new(CommittedLeaderId::new(1, 1), 4));
         assert!(b.install_snapshot(&other, rx).await.is_err());
         assert_eq!(b.digest().await, before);
+    }
+
+    /// Receives `snap` into `to` after `damage` changed its bytes.
+    async fn receive_damaged(
+        to: &mut StateMachine,
+        snap: Snapshot,
+        damage: impl FnOnce(&mut Vec<u8>),
+    ) -> Box<tokio::fs::File> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut bytes = Vec::new();
+        let mut data = snap.snapshot;
+        data.read_to_end(&mut bytes).await.unwrap();
+        damage(&mut bytes);
+        let mut rx = to.begin_receiving_snapshot().await.unwrap();
+        rx.write_all(&bytes).await.unwrap();
+        rx.flush().await.unwrap();
+        rx
+    }
+
+    /// A damaged transfer is refused by install; the node keeps its state
+    /// and its own snapshot, still applies, and reopens.
+    async fn a_damaged_snapshot_is_refused(damage: fn(&mut Vec<u8>)) {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (_a, snap) = node_with_snapshot(a_dir.path(), 50).await;
+        let (mut b, own) = node_with_snapshot(b_dir.path(), 3).await;
+        let before = b.digest().await;
+        let meta = snap.meta.clone();
+        let rx = receive_damaged(&mut b, snap, damage).await;
+        assert!(b.install_snapshot(&meta, rx).await.is_err());
+        assert_eq!(b.digest().await, before, "state untouched");
+        let current = b.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, own.meta, "the previous snapshot is kept");
+
+        let responses = b.apply([create(4)]).await.unwrap();
+        assert!(matches!(responses[..], [Response::Job(_)]), "{responses:?}");
+        let after = b.digest().await;
+        assert_eq!(after.0, 4);
+        drop((b, current));
+        let b = open(b_dir.path());
+        assert_eq!(b.digest().await, after, "reopens with the same state");
+    }
+
+    #[tokio::test]
+    async fn a_truncated_snapshot_is_refused_and_the_node_keeps_its_state_and_serves() {
+        a_damaged_snapshot_is_refused(|b| b.truncate(b.len() * 2 / 3)).await;
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_with_a_flipped_byte_is_refused_and_the_node_keeps_its_state_and_serves() {
+        a_damaged_snapshot_is_refused(|b| {
+            let mid = b.len() / 2;
+            b[mid] ^= 0x01;
+        })
+        .await;
     }
 }

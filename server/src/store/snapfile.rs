@@ -5,12 +5,17 @@
 //! Layout (integers little-endian):
 //! `MAGIC (8) | format version u32 | meta length u32 | meta (bincode)`,
 //! then per pair `key length u32 | key | value length u32 | value`,
-//! then `END (u32::MAX) | pair count u64`. A file without the trailer or
-//! with another count is truncated or corrupt and is refused.
+//! then `END (u32::MAX) | pair count u64 | SHA-256 (32)` where the hash
+//! covers every byte before it, and nothing follows. A file without the
+//! trailer, with another count or hash, or with bytes after the trailer is
+//! truncated or corrupt and is refused. [`verify`] reads a whole file this
+//! way, so a received snapshot is checked before it replaces anything.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
+
+use sha2::{Digest, Sha256};
 
 use crate::core::codec::{decode, encode};
 use crate::raft::SnapshotMeta;
@@ -28,15 +33,46 @@ fn corrupt(what: impl Into<String>) -> io::Error {
     )
 }
 
+const HASH_BYTES: usize = 32;
+
+/// A writer that hashes what it writes.
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
 /// Writes a snapshot file; [`Writer::finish`] makes it durable.
 pub struct Writer {
-    w: BufWriter<File>,
+    w: Hashing<BufWriter<File>>,
     count: u64,
 }
 
 impl Writer {
     pub fn create(path: &Path, version: u32, meta: &SnapshotMeta) -> io::Result<Writer> {
-        let mut w = BufWriter::with_capacity(IO_BUF, File::create(path)?);
+        let mut w = Hashing {
+            inner: BufWriter::with_capacity(IO_BUF, File::create(path)?),
+            hash: Sha256::new(),
+        };
         let meta = encode(meta);
         w.write_all(MAGIC)?;
         w.write_all(&version.to_le_bytes())?;
@@ -62,7 +98,9 @@ impl Writer {
     pub fn finish(mut self) -> io::Result<u64> {
         self.w.write_all(&END.to_le_bytes())?;
         self.w.write_all(&self.count.to_le_bytes())?;
-        let f = self.w.into_inner().map_err(|e| e.into_error())?;
+        let Hashing { mut inner, hash } = self.w;
+        inner.write_all(&hash.finalize())?;
+        let f = inner.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         Ok(self.count)
     }
@@ -70,7 +108,7 @@ impl Writer {
 
 /// Reads a snapshot file pair by pair, checking the trailer at the end.
 pub struct Reader {
-    r: BufReader<File>,
+    r: Hashing<BufReader<File>>,
     pub version: u32,
     pub meta: SnapshotMeta,
     count: u64,
@@ -79,7 +117,10 @@ pub struct Reader {
 
 impl Reader {
     pub fn open(path: &Path) -> io::Result<Reader> {
-        let mut r = BufReader::with_capacity(IO_BUF, File::open(path)?);
+        let mut r = Hashing {
+            inner: BufReader::with_capacity(IO_BUF, File::open(path)?),
+            hash: Sha256::new(),
+        };
         let mut magic = [0u8; 8];
         r.read_exact(&mut magic)?;
         if &magic != MAGIC {
@@ -118,6 +159,15 @@ impl Reader {
                     self.count
                 )));
             }
+            let computed = std::mem::take(&mut self.r.hash).finalize();
+            let mut stored = [0u8; HASH_BYTES];
+            self.r.inner.read_exact(&mut stored)?;
+            if computed[..] != stored[..] {
+                return Err(corrupt("checksum mismatch"));
+            }
+            if self.r.inner.read(&mut [0u8; 1])? != 0 {
+                return Err(corrupt("bytes after the trailer"));
+            }
             self.done = true;
             return Ok(None);
         }
@@ -130,6 +180,14 @@ impl Reader {
         self.count += 1;
         Ok(Some((key, value)))
     }
+}
+
+/// Reads a whole snapshot file and checks its format, pair count and
+/// checksum. Returns its header (version and meta).
+pub fn verify(path: &Path) -> io::Result<(u32, SnapshotMeta)> {
+    let mut r = Reader::open(path)?;
+    while r.next_pair()?.is_some() {}
+    Ok((r.version, r.meta))
 }
 
 fn read_u32(r: &mut impl Read) -> io::Result<u32> {
@@ -202,5 +260,28 @@ mod tests {
         }
         std::fs::write(&path, b"NOTASNAPSHOTFILE").unwrap();
         assert!(Reader::open(&path).is_err());
+    }
+
+    #[test]
+    fn verify_refuses_any_flipped_byte_any_cut_and_any_extra_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        write(&path, &[(b"key", b"value"), (b"k2", b"v2"), (b"", b"")]);
+        let full = std::fs::read(&path).unwrap();
+        assert_eq!(verify(&path).unwrap().0, 7);
+        for i in 0..full.len() {
+            let mut bad = full.clone();
+            bad[i] ^= 0x10;
+            std::fs::write(&path, &bad).unwrap();
+            assert!(verify(&path).is_err(), "flipped byte {i} accepted");
+        }
+        for cut in 0..full.len() {
+            std::fs::write(&path, &full[..cut]).unwrap();
+            assert!(verify(&path).is_err(), "cut at {cut} accepted");
+        }
+        let mut longer = full.clone();
+        longer.push(0);
+        std::fs::write(&path, &longer).unwrap();
+        assert!(verify(&path).is_err(), "a byte after the trailer accepted");
     }
 }

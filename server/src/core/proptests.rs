@@ -1,0 +1,648 @@
+//! Property test of apply's totality: arbitrary sequences of commands, with
+//! extreme integers, empty and oversized strings, unknown ids, every schedule
+//! kind, cron expressions and zones, are applied to two in-memory replicas.
+//! It checks that apply never panics (the dev profile has overflow checks
+//! on), that a refused command writes nothing and has no effects, that a
+//! batch gives what its commands give one by one, that state-machine time
+//! never goes back, and that both replicas end with the same digest.
+//!
+//! Some steps are not fixed commands but ask the state for their target (fire
+//! what is due, finish or expire an active attempt, retry a finished run),
+//! the way the leader builds them, so sequences reach deep states. Both
+//! replicas receive the one command built from the first replica's state.
+
+use proptest::prelude::*;
+use sha2::{Digest, Sha256};
+
+use super::apply::state_time;
+use super::codec::decode;
+use super::schedule::MAX_EVERY_MS;
+use super::*;
+
+const T0: i64 = 1_700_000_000_000;
+const TEN_YEARS_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
+
+/// One step of a generated history.
+#[derive(Clone, Debug)]
+enum Op {
+    Raw(Command),
+    FireDue {
+        now_ms: i64,
+        widths: Vec<(String, u32)>,
+    },
+    /// Finishes the `pick`-th active attempt (`attempt_delta` 0 is the live one).
+    FinishActive {
+        now_ms: i64,
+        pick: usize,
+        attempt_delta: u32,
+        success: bool,
+        retryable: bool,
+        timed_out: bool,
+        jitter_ms: u64,
+        error: String,
+    },
+    ExpireActive {
+        now_ms: i64,
+        pick: usize,
+        attempt_delta: u32,
+        jitter_ms: u64,
+    },
+    AssignActive {
+        now_ms: i64,
+        pick: usize,
+        worker: String,
+    },
+    RetryAny {
+        now_ms: i64,
+        pick: usize,
+    },
+}
+
+// ------------------------------------------------------------------ strategies
+
+fn time() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        95 => (0i64..120_000).prop_map(|d| T0 + d),
+        4 => (0i64..100_000_000).prop_map(|d| T0 + d),
+        1 => prop_oneof![
+            Just(i64::MIN),
+            Just(-1i64),
+            Just(0i64),
+            Just(i64::MAX),
+            Just(i64::MAX - 1000),
+            any::<i64>(),
+        ],
+    ]
+}
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("w1".to_string()),
+        Just("é".repeat(limits::ERROR_MAX_BYTES)),
+        Just("x".repeat(limits::ID_MAX_BYTES)),
+        Just("x".repeat(limits::ID_MAX_BYTES + 1)),
+        Just("a@b/s1#2".to_string()),
+    ]
+}
+
+fn job_id() -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => prop_oneof![Just("a"), Just("b"), Just("c")].prop_map(String::from),
+        1 => text(),
+    ]
+}
+
+fn group() -> impl Strategy<Value = String> {
+    prop_oneof![
+        6 => Just("g".to_string()),
+        1 => Just("h".to_string()),
+        1 => text(),
+    ]
+}
+
+fn run_id() -> impl Strategy<Value = RunId> {
+    (
+        job_id(),
+        time(),
+        prop_oneof![Just(0u32), Just(1), Just(u32::MAX)],
+    )
+        .prop_map(|(job, at, shard)| RunId::shard(&job, at, shard))
+}
+
+fn cron_expr() -> impl Strategy<Value = String> {
+    let mut exprs: Vec<String> = [
+        "* * * * *",
+        "*/2 * * * * *",
+        "30 2 * * *",
+        "0 30 1,13 * * *",
+        "@hourly",
+        "@midnight",
+        "@every",
+        "0 0 29 2 *",
+        "0 0 * * 1#5",
+        "0 0 L * *",
+        "1-5/2 * * * *",
+        "0 0 */2 * 1",
+        "0 0 1 1 * 2020",
+        "0 0 30 2 *",
+        "+0 * * * *",
+        "not a cron",
+        "",
+        "é * * * *",
+    ]
+    .map(String::from)
+    .to_vec();
+    exprs.push("1".repeat(super::schedule::MAX_CRON_EXPR_BYTES + 1));
+    prop::sample::select(exprs)
+}
+
+fn tz() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(""),
+        Just("UTC"),
+        Just("America/New_York"),
+        Just("Europe/Berlin"),
+        Just("Australia/Lord_Howe"),
+        Just("Mars/Olympus"),
+    ]
+    .prop_map(String::from)
+}
+
+fn schedule() -> impl Strategy<Value = ScheduleInput> {
+    let every = prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(1000),
+        Just(60_000),
+        Just(MAX_EVERY_MS),
+        Just(MAX_EVERY_MS + 1),
+        Just(u64::MAX),
+        1u64..10_000,
+    ];
+    let after = prop_oneof![Just(0u64), Just(1000), Just(TEN_YEARS_MS), Just(u64::MAX)];
+    prop_oneof![
+        (cron_expr(), tz()).prop_map(|(expr, tz)| ScheduleInput::Cron { expr, tz }),
+        every.prop_map(|every_ms| ScheduleInput::Every { every_ms }),
+        time().prop_map(|at_ms| ScheduleInput::At { at_ms }),
+        after.prop_map(|after_ms| ScheduleInput::After { after_ms }),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    let misfire = prop_oneof![
+        Just(Misfire::FireAll),
+        Just(Misfire::FireOnce),
+        Just(Misfire::Skip)
+    ];
+    let overlap = prop_oneof![
+        Just(Overlap::Allow),
+        Just(Overlap::Forbid),
+        Just(Overlap::BufferOne),
+        Just(Overlap::Replace)
+    ];
+    let route = prop_oneof![
+        Just(Route::LeastLoaded),
+        Just(Route::RoundRobin),
+        Just(Route::ConsistentHash),
+        Just(Route::Label(Default::default())),
+        Just(Route::Label([("zone".into(), "eu".into())].into())),
+    ];
+    let fanout = prop_oneof![
+        4 => Just(Fanout::One),
+        1 => prop_oneof![
+            Just(Fanout::Shards(0)),
+            Just(Fanout::Shards(3)),
+            Just(Fanout::Shards(limits::SHARDS_MAX)),
+            Just(Fanout::Shards(limits::SHARDS_MAX + 1)),
+            Just(Fanout::Shards(u32::MAX)),
+        ],
+        1 => Just(Fanout::Broadcast),
+    ];
+    let grace = prop_oneof![Just(0u64), Just(1000), Just(TEN_YEARS_MS), Just(u64::MAX)];
+    let timeout = prop_oneof![
+        Just(0u64),
+        Just(60_000),
+        Just(limits::TIMEOUT_MAX_MS),
+        Just(u64::MAX)
+    ];
+    let attempts = prop_oneof![
+        Just(0u32),
+        Just(1),
+        Just(3),
+        Just(limits::MAX_ATTEMPTS_MAX),
+        Just(u32::MAX)
+    ];
+    let backoff = prop_oneof![
+        Just(0u64),
+        Just(1000),
+        Just(limits::BACKOFF_MAX_MS),
+        Just(u64::MAX)
+    ];
+    let priority = prop_oneof![4 => Just(5u8), 1 => any::<u8>()];
+    (
+        (misfire, grace, timeout, attempts, backoff),
+        (priority, overlap, route, fanout),
+    )
+        .prop_map(
+            |(
+                (misfire, misfire_grace_ms, timeout_ms, max_attempts, backoff_ms),
+                (priority, overlap, route, fanout),
+            )| Policy {
+                misfire,
+                misfire_grace_ms,
+                timeout_ms,
+                max_attempts,
+                backoff_ms,
+                priority,
+                overlap,
+                route,
+                fanout,
+            },
+        )
+}
+
+/// Mostly specs that validate (so histories reach runs, retries and
+/// overlaps), sometimes anything.
+fn job_spec() -> impl Strategy<Value = JobSpec> {
+    prop_oneof![3 => sane_job_spec(), 1 => wild_job_spec()]
+}
+
+fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
+    let schedule = prop_oneof![
+        3 => (500u64..30_000).prop_map(|every_ms| ScheduleInput::Every { every_ms }),
+        1 => prop::sample::select(vec!["*/2 * * * * *", "* * * * *", "*/5 * * * * *", "@hourly"])
+            .prop_map(|e| ScheduleInput::Cron { expr: e.into(), tz: "Europe/Berlin".into() }),
+        1 => (0i64..60_000).prop_map(|d| ScheduleInput::At { at_ms: T0 + d }),
+        1 => (0u64..60_000).prop_map(|after_ms| ScheduleInput::After { after_ms }),
+    ];
+    let misfire = prop_oneof![
+        Just(Misfire::FireAll),
+        Just(Misfire::FireOnce),
+        Just(Misfire::Skip)
+    ];
+    let overlap = prop_oneof![
+        Just(Overlap::Allow),
+        Just(Overlap::Forbid),
+        Just(Overlap::BufferOne),
+        Just(Overlap::Replace)
+    ];
+    let fanout = prop_oneof![4 => Just(Fanout::One), 1 => Just(Fanout::Shards(3)), 1 => Just(Fanout::Broadcast)];
+    (
+        prop::sample::select(vec!["a", "b", "c"]),
+        schedule,
+        (
+            misfire,
+            prop::sample::select(vec![0u64, 1000, 60_000]),
+            1u32..4,
+        ),
+        (prop::sample::select(vec![0u64, 1000]), overlap, fanout),
+    )
+        .prop_map(
+            |(
+                id,
+                schedule,
+                (misfire, misfire_grace_ms, max_attempts),
+                (backoff_ms, overlap, fanout),
+            )| {
+                let overlap = match (fanout, overlap) {
+                    (Fanout::Broadcast, Overlap::BufferOne) => Overlap::Allow,
+                    (_, o) => o,
+                };
+                JobSpec {
+                    id: id.into(),
+                    schedule,
+                    group: "g".into(),
+                    payload: b"p".to_vec(),
+                    policy: Policy {
+                        misfire,
+                        misfire_grace_ms,
+                        max_attempts,
+                        backoff_ms,
+                        overlap,
+                        fanout,
+                        ..Policy::default()
+                    },
+                }
+            },
+        )
+}
+
+fn wild_job_spec() -> impl Strategy<Value = JobSpec> {
+    let payload = prop_oneof![
+        8 => Just(Vec::new()),
+        1 => Just(vec![7u8; limits::PAYLOAD_MAX_BYTES]),
+        1 => Just(vec![7u8; limits::PAYLOAD_MAX_BYTES + 1]),
+    ];
+    (job_id(), schedule(), group(), payload, policy()).prop_map(
+        |(id, schedule, group, payload, policy)| JobSpec {
+            id,
+            schedule,
+            group,
+            payload,
+            policy,
+        },
+    )
+}
+
+fn widths() -> impl Strategy<Value = Vec<(String, u32)>> {
+    prop::collection::vec(
+        (group(), prop_oneof![Just(0u32), Just(2), Just(u32::MAX)]),
+        0..3,
+    )
+}
+
+fn wheel_key() -> impl Strategy<Value = WheelKey> {
+    (run_id(), time(), any::<bool>()).prop_map(|(id, at, occurrence)| {
+        if occurrence {
+            WheelKey::occurrence(&id.job, at)
+        } else {
+            WheelKey::retry(&id, at)
+        }
+    })
+}
+
+fn finish_report() -> impl Strategy<Value = FinishReport> {
+    let result = prop_oneof![
+        8 => Just(Vec::new()),
+        1 => Just(vec![1u8; limits::RESULT_MAX_BYTES + 1]),
+    ];
+    (
+        run_id(),
+        any::<u32>(),
+        any::<[bool; 3]>(),
+        result,
+        text(),
+        any::<u64>(),
+        time(),
+    )
+        .prop_map(
+            |(run, attempt, [success, retryable, timed_out], result, error, jitter_ms, at)| {
+                FinishReport {
+                    run,
+                    attempt,
+                    success,
+                    result,
+                    error: error.clone(),
+                    retryable,
+                    worker: error,
+                    received_at_ms: at,
+                    jitter_ms,
+                    timed_out,
+                }
+            },
+        )
+}
+
+/// A single command of any kind but a batch, with arbitrary arguments.
+fn raw_command() -> impl Strategy<Value = Command> {
+    prop_oneof![
+        4 => (job_spec(), time()).prop_map(|(spec, now_ms)| Command::CreateJob { spec, now_ms }),
+        2 => (job_spec(), prop_oneof![Just(0u64), Just(1), Just(2), Just(u64::MAX)], time())
+            .prop_map(|(spec, expected_revision, now_ms)| Command::UpdateJob {
+                spec,
+                expected_revision,
+                now_ms,
+            }),
+        1 => (job_id(), time()).prop_map(|(id, now_ms)| Command::DeleteJob { id, now_ms }),
+        1 => (job_id(), time()).prop_map(|(id, now_ms)| Command::PauseJob { id, now_ms }),
+        1 => (job_id(), time()).prop_map(|(id, now_ms)| Command::ResumeJob { id, now_ms }),
+        2 => (job_id(), time(), widths())
+            .prop_map(|(id, now_ms, widths)| Command::TriggerJob { id, now_ms, widths }),
+        1 => (time(), prop::collection::vec(wheel_key(), 0..3), widths())
+            .prop_map(|(now_ms, keys, widths)| Command::Fire { now_ms, keys, widths }),
+        1 => (time(), prop::collection::vec((run_id(), any::<u32>(), text()), 0..3))
+            .prop_map(|(now_ms, assignments)| Command::Assign { now_ms, assignments }),
+        1 => (time(), prop::collection::vec(finish_report(), 0..3))
+            .prop_map(|(now_ms, reports)| Command::Finish { now_ms, reports }),
+        1 => (time(), prop::collection::vec((run_id(), any::<u32>(), any::<u64>()), 0..3))
+            .prop_map(|(now_ms, expired)| Command::Expire { now_ms, expired }),
+        1 => (run_id(), time()).prop_map(|(run, now_ms)| Command::RetryRun { run, now_ms }),
+    ]
+}
+
+fn command() -> impl Strategy<Value = Command> {
+    prop_oneof![
+        10 => raw_command(),
+        1 => prop::collection::vec(raw_command(), 0..5)
+            .prop_map(|commands| Command::Batch { commands }),
+        1 => Just(Command::Batch {
+            commands: vec![Command::Batch { commands: vec![] }],
+        }),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let delta = prop_oneof![6 => Just(0u32), 1 => Just(1), 1 => Just(u32::MAX)];
+    prop_oneof![
+        5 => command().prop_map(Op::Raw),
+        4 => (time(), widths()).prop_map(|(now_ms, widths)| Op::FireDue { now_ms, widths }),
+        3 => (time(), any::<usize>(), delta.clone(), any::<[bool; 3]>(), any::<u64>(), text())
+            .prop_map(|(now_ms, pick, attempt_delta, [success, retryable, timed_out], jitter_ms, error)| {
+                Op::FinishActive { now_ms, pick, attempt_delta, success, retryable, timed_out, jitter_ms, error }
+            }),
+        1 => (time(), any::<usize>(), delta, any::<u64>()).prop_map(
+            |(now_ms, pick, attempt_delta, jitter_ms)| Op::ExpireActive { now_ms, pick, attempt_delta, jitter_ms }
+        ),
+        1 => (time(), any::<usize>(), text())
+            .prop_map(|(now_ms, pick, worker)| Op::AssignActive { now_ms, pick, worker }),
+        1 => (time(), any::<usize>()).prop_map(|(now_ms, pick)| Op::RetryAny { now_ms, pick }),
+    ]
+}
+
+// ------------------------------------------------------------------ replica
+
+/// SHA-256 over every pair, framed as `StateMachine::digest` frames them.
+fn digest(view: &MemView) -> Vec<u8> {
+    let mut h = Sha256::new();
+    for (k, v) in &view.map {
+        h.update((k.len() as u64).to_be_bytes());
+        h.update(k);
+        h.update((v.len() as u64).to_be_bytes());
+        h.update(v);
+    }
+    h.finalize().to_vec()
+}
+
+fn rows(view: &MemView, space: u8) -> Vec<(Vec<u8>, Vec<u8>)> {
+    view.range(&[space], &[space + 1], usize::MAX)
+}
+
+/// The `pick`-th run (of the active table, or of all runs), with its record.
+fn pick_run(view: &MemView, space: u8, pick: usize) -> Option<Run> {
+    let rows = rows(view, space);
+    let (k, _) = rows.get(pick % rows.len().max(1))?;
+    let id = keys::run_id_from(k)?;
+    view.get(&keys::run(&id)).map(|b| decode(&b).unwrap())
+}
+
+/// The command an op stands for, built from the state as the leader would.
+fn concrete(view: &MemView, op: Op) -> Command {
+    match op {
+        Op::Raw(c) => c,
+        Op::FireDue { now_ms, widths } => {
+            let due = view.range(
+                &[keys::WHEEL],
+                &keys::wheel_upto(now_ms),
+                limits::FIRE_BATCH_MAX,
+            );
+            let keys = due
+                .iter()
+                .filter_map(|(k, _)| keys::wheel_from(k))
+                .collect();
+            Command::Fire {
+                now_ms,
+                keys,
+                widths,
+            }
+        }
+        Op::FinishActive {
+            now_ms,
+            pick,
+            attempt_delta,
+            success,
+            retryable,
+            timed_out,
+            jitter_ms,
+            error,
+        } => {
+            let Some(run) = pick_run(view, keys::ACTIVE, pick) else {
+                return Command::Finish {
+                    now_ms,
+                    reports: vec![],
+                };
+            };
+            Command::Finish {
+                now_ms,
+                reports: vec![FinishReport {
+                    run: run.id,
+                    attempt: run.attempt.wrapping_add(attempt_delta),
+                    success,
+                    result: b"r".to_vec(),
+                    error,
+                    retryable,
+                    worker: "w1".into(),
+                    received_at_ms: now_ms,
+                    jitter_ms,
+                    timed_out,
+                }],
+            }
+        }
+        Op::ExpireActive {
+            now_ms,
+            pick,
+            attempt_delta,
+            jitter_ms,
+        } => Command::Expire {
+            now_ms,
+            expired: pick_run(view, keys::ACTIVE, pick)
+                .map(|r| (r.id, r.attempt.wrapping_add(attempt_delta), jitter_ms))
+                .into_iter()
+                .collect(),
+        },
+        Op::AssignActive {
+            now_ms,
+            pick,
+            worker,
+        } => Command::Assign {
+            now_ms,
+            assignments: pick_run(view, keys::ACTIVE, pick)
+                .map(|r| (r.id, r.attempt, worker))
+                .into_iter()
+                .collect(),
+        },
+        Op::RetryAny { now_ms, pick } => match pick_run(view, keys::RUN, pick) {
+            Some(r) => Command::RetryRun { run: r.id, now_ms },
+            None => Command::RetryRun {
+                run: RunId::new("a", now_ms),
+                now_ms,
+            },
+        },
+    }
+}
+
+/// Applies `cmd` to `view` and checks the per-command properties.
+fn step(view: &mut MemView, cmd: &Command) -> Result<Applied, TestCaseError> {
+    let before = state_time(view);
+    let a = apply(view, cmd);
+    if let Response::Error(e) = &a.response {
+        prop_assert!(
+            a.writes.is_empty(),
+            "refused ({e}) but wrote {:?}",
+            a.writes
+        );
+        prop_assert!(a.effects.is_empty(), "refused ({e}) but had effects");
+    }
+    if let (Command::Batch { commands }, Response::Many(responses)) = (cmd, &a.response) {
+        // One by one over a copy: the same responses and the same state.
+        let mut alone = view.clone();
+        for (c, r) in commands.iter().zip(responses) {
+            let one = apply(&alone, c);
+            prop_assert_eq!(&one.response, r);
+            alone.write(&one.writes);
+        }
+        prop_assert_eq!(responses.len(), commands.len());
+        let mut batched = view.clone();
+        batched.write(&a.writes);
+        prop_assert!(
+            alone == batched,
+            "a batch must equal its commands one by one"
+        );
+    }
+    view.write(&a.writes);
+    prop_assert!(state_time(view) >= before, "state time went back");
+    Ok(a)
+}
+
+/// What the generated histories reached, so a generator that only produces
+/// refusals fails the test instead of passing it vacuously.
+#[derive(Debug, Default)]
+struct Reached {
+    accepted: u64,
+    refused: u64,
+    jobs_created: u64,
+    runs_started: u64,
+    attempts_ended: u64,
+    retries_scheduled: u64,
+}
+
+impl Reached {
+    fn count(&mut self, cmd: &Command, a: &Applied) {
+        match &a.response {
+            Response::Error(_) => self.refused += 1,
+            _ => self.accepted += 1,
+        }
+        if matches!(cmd, Command::CreateJob { .. }) && matches!(a.response, Response::Job(_)) {
+            self.jobs_created += 1;
+        }
+        for e in &a.effects {
+            match e {
+                Effect::Ready(r) if r.attempt == 1 => self.runs_started += 1,
+                Effect::Ended { .. } => self.attempts_ended += 1,
+                Effect::Scheduled(k) if k.kind == EntryKind::Retry => self.retries_scheduled += 1,
+                _ => {}
+            }
+        }
+    }
+}
+
+fn check_history(ops: Vec<Op>, reached: &mut Reached) -> Result<(), TestCaseError> {
+    let (mut one, mut two) = (MemView::default(), MemView::default());
+    for op in ops {
+        let cmd = concrete(&one, op);
+        let a = step(&mut one, &cmd)?;
+        let b = step(&mut two, &cmd)?;
+        reached.count(&cmd, &a);
+        prop_assert_eq!(a, b, "replicas diverged on {:?}", cmd);
+    }
+    prop_assert_eq!(digest(&one), digest(&two));
+    Ok(())
+}
+
+#[test]
+fn apply_is_total_refusals_write_nothing_and_replicas_agree() {
+    let config = ProptestConfig {
+        cases: 512,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let reached = std::cell::RefCell::new(Reached::default());
+    let histories = prop::collection::vec(op(), 1..60);
+    if let Err(e) = runner.run(&histories, |ops| {
+        check_history(ops, &mut reached.borrow_mut())
+    }) {
+        panic!("{e}");
+    }
+    let r = reached.into_inner();
+    eprintln!("{r:?}");
+    assert!(
+        r.accepted > 5000
+            && r.refused > 1000
+            && r.jobs_created > 200
+            && r.runs_started > 1000
+            && r.attempts_ended > 300
+            && r.retries_scheduled > 20,
+        "the generated histories stayed shallow: {r:?}"
+    );
+}
