@@ -1,13 +1,15 @@
 //! HTTP side port: `/healthz` (the process is up), `/readyz` (a leader is
 //! known and this node has applied entries), Prometheus `/metrics`, and a
-//! small dashboard at `/`.
+//! small dashboard at `/`. The first three stay open (probes and scrapers);
+//! with `--auth-token-file` the dashboard needs a reader token, sent as a
+//! bearer header or kept by its login form in a `kairos_token` cookie.
 
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use axum::Router;
@@ -102,7 +104,49 @@ async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
     )
 }
 
-async fn dashboard(State(node): State<Arc<Node>>) -> Html<String> {
+/// Login form shown instead of the dashboard without a valid reader token.
+const LOGIN: &str = "<!doctype html><html><head><title>Kairos</title></head><body>\
+<h1>Kairos</h1><p>This cluster needs a token (role reader or above).</p>\
+<form onsubmit=\"document.cookie='kairos_token='+encodeURIComponent(this.t.value)+\
+';path=/;SameSite=Strict';location.reload();return false\">\
+<input name=t type=password placeholder=token size=70> <button>Open</button></form></body></html>";
+
+/// The bearer token of a dashboard request: header first, then the login cookie.
+fn dashboard_token(headers: &HeaderMap) -> Option<String> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let cookie = || {
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .find_map(|c| c.trim().strip_prefix("kairos_token="))
+    };
+    bearer.or_else(cookie).map(str::to_string)
+}
+
+async fn dashboard(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+) -> (StatusCode, Html<String>) {
+    if node.auth_required {
+        let mut md = tonic::metadata::MetadataMap::new();
+        if let Some(v) = dashboard_token(&headers).and_then(|t| format!("Bearer {t}").parse().ok())
+        {
+            md.insert(kairos_client::AUTH_HEADER, v);
+        }
+        let req = tonic::Request::from_parts(md, Default::default(), ());
+        if crate::grpc::auth::authorize(&node, &req, crate::grpc::auth::Need::Read).is_err() {
+            return (StatusCode::UNAUTHORIZED, Html(LOGIN.to_string()));
+        }
+    }
+    (StatusCode::OK, render_dashboard(&node))
+}
+
+fn render_dashboard(node: &Node) -> Html<String> {
     let m = node.raft.metrics().borrow().clone();
     let jobs = node.sm.list_jobs("", 50);
     let mut rows = String::new();

@@ -45,6 +45,9 @@ pub struct Config {
     pub clock: Arc<dyn Clock>,
     /// TLS for both listeners and every dial; None = plain TCP.
     pub tls: Option<Arc<NodeTls>>,
+    /// `--auth-token-file`: calls need a token, and this secret becomes the
+    /// first admin of a cluster without tokens. None = development mode.
+    pub auth_token: Option<String>,
 }
 
 impl Config {
@@ -72,6 +75,7 @@ impl Config {
             cache_bytes: 1 << 30,
             clock: Arc::new(SystemClock),
             tls: None,
+            auth_token: None,
         }
     }
 
@@ -154,6 +158,8 @@ pub struct Node {
     /// Cached channels: to peer listeners by (Some(id), addr), to public ones by (None, addr).
     channels: Mutex<HashMap<(Option<NodeId>, String), Channel>>,
     pub dialer: Dialer,
+    /// Public calls need a token (`--auth-token-file`).
+    pub auth_required: bool,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -476,6 +482,44 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
     }
 }
 
+/// On a cluster without tokens, the leader makes the `--auth-token-file`
+/// secret its first admin (apply takes it only while no token exists).
+async fn bootstrap_admin(node: Arc<Node>, hash: String) {
+    loop {
+        if !node.sm.list_tokens().is_empty() {
+            return;
+        }
+        if node.is_leader() {
+            let token = crate::core::Token {
+                name: "admin".into(),
+                role: crate::core::Role::Admin,
+                groups: vec![],
+                hash: hash.clone(),
+                created_at_ms: 0,
+            };
+            let now_ms = node.clock.now_ms();
+            match node
+                .propose(Command::PutToken {
+                    token,
+                    first: true,
+                    now_ms,
+                })
+                .await
+            {
+                Ok(Response::Token(_)) => {
+                    tracing::info!(
+                        "the --auth-token-file token is the first admin (name \"admin\")"
+                    );
+                    return;
+                }
+                Ok(_) => return, // another node's bootstrap won; tokens exist now
+                Err(e) => tracing::debug!("first admin not committed yet: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// How often members' public addresses are asked for (each unknown one every
 /// tick; all of them every `API_ADDR_REFRESH_TICKS`).
 const API_ADDR_TICK: Duration = Duration::from_secs(1);
@@ -548,8 +592,9 @@ pub async fn run(
         proposal_tx,
         channels: Mutex::new(HashMap::new()),
         dialer,
+        auth_required: config.auth_token.is_some(),
     });
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
         tokio::spawn(commit_finishes(node.clone(), finish_rx)),
         tokio::spawn(group_proposals(node.clone(), proposal_rx)),
@@ -557,6 +602,10 @@ pub async fn run(
         tokio::spawn(bootstrap(node.clone(), config.peers.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
     ];
+    if let Some(secret) = &config.auth_token {
+        let hash = crate::grpc::auth::hash_secret(secret);
+        tasks.push(tokio::spawn(bootstrap_admin(node.clone(), hash)));
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

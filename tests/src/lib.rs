@@ -91,6 +91,9 @@ pub struct Cluster {
     _dir: tempfile::TempDir,
 }
 
+/// The first admin's secret in clusters from [`Cluster::start_secure`].
+pub const ADMIN_SECRET: &str = "kairos-test-admin-secret-0123456789";
+
 /// Runs `kairos certs init --nodes n --out dir`.
 pub fn certs_init(dir: &std::path::Path, n: u64) {
     let out = Command::new(kairos_bin())
@@ -108,16 +111,22 @@ pub fn certs_init(dir: &std::path::Path, n: u64) {
 impl Cluster {
     /// Starts `n` nodes; `extra` flags go to every `kairos serve`.
     pub fn start(n: u64, extra: &[&str]) -> Cluster {
-        Self::start_with(n, extra, false)
+        Self::start_with(n, extra, false, false)
     }
 
     /// Starts `n` nodes with TLS on both listeners (`--tls-dir`, certificates
     /// from `kairos certs init`); clients trust the generated CA.
     pub fn start_tls(n: u64, extra: &[&str]) -> Cluster {
-        Self::start_with(n, extra, true)
+        Self::start_with(n, extra, true, false)
     }
 
-    fn start_with(n: u64, extra: &[&str], tls: bool) -> Cluster {
+    /// TLS and tokens: every node gets `--auth-token-file` with the same
+    /// secret, which becomes the first admin; clients present it.
+    pub fn start_secure(n: u64, extra: &[&str]) -> Cluster {
+        Self::start_with(n, extra, true, true)
+    }
+
+    fn start_with(n: u64, extra: &[&str], tls: bool, tokens: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut security = Security::default();
@@ -128,6 +137,13 @@ impl Cluster {
             security.ca_pem = Some(std::fs::read(certs.join("ca.crt")).expect("ca.crt"));
             certs
         });
+        if tokens {
+            let secret = ADMIN_SECRET.to_string();
+            let file = dir.path().join("admin.token");
+            std::fs::write(&file, format!("{secret}\n")).expect("token file");
+            extra.extend(["--auth-token-file".to_string(), file.display().to_string()]);
+            security.token = Some(secret);
+        }
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|id| NodeProc {
                 id,

@@ -1,6 +1,6 @@
 //! Issue #10: with `--tls-dir` both listeners speak TLS and the peer listener
-//! is mutual TLS. A cluster fires and fails over over TLS; a plain client
-//! gets nowhere; on the peer port a client without a certificate, or with one
+//! is mutual TLS. A cluster with TLS and tokens fires and fails over; a plain
+//! client, or one without a token, gets nowhere; on the peer port a client without a certificate, or with one
 //! from another CA, fails the handshake; the cluster's own client
 //! certificate is not a node's; and node 3's certificate cannot send Raft
 //! messages as node 2 (refused, term unchanged).
@@ -45,8 +45,8 @@ fn as_sender<T>(msg: T, node: u64) -> tonic::Request<T> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tls_cluster_fires_and_fails_over_and_plain_clients_get_nowhere() {
-    let mut cluster = Cluster::start_tls(3, &[]);
+async fn a_tls_cluster_with_tokens_fires_and_fails_over_and_plain_clients_get_nowhere() {
+    let mut cluster = Cluster::start_secure(3, &[]);
     let leader = cluster.wait_leader().await;
     let c = cluster.client();
     create(&c, every_job("tick", "g", 200)).await.unwrap();
@@ -98,11 +98,16 @@ async fn the_peer_port_admits_only_cluster_nodes_speaking_as_themselves() {
     let ca = certs.join("ca.crt");
     let target = cluster.node(follower).peer.clone();
 
-    // No client certificate: the handshake fails.
+    // No client certificate: the handshake fails. (With TLS 1.3 the client
+    // learns it when the server closes the connection: a transport error,
+    // never an answer from the service.)
     let mut anon = PeerClient::new(peer_channel(&target, &ca, None, follower));
     let e = anon.local_status(as_sender(Empty {}, 2)).await.unwrap_err();
     assert!(
-        matches!(e.code(), Code::Unavailable | Code::Unknown),
+        matches!(
+            e.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled
+        ),
         "without a certificate: {e:?}"
     );
 
@@ -124,7 +129,10 @@ async fn the_peer_port_admits_only_cluster_nodes_speaking_as_themselves() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e.code(), Code::Unavailable | Code::Unknown),
+        matches!(
+            e.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled
+        ),
         "another CA's certificate: {e:?}"
     );
 

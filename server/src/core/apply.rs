@@ -82,7 +82,9 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::Assign { now_ms, .. }
         | Command::Finish { now_ms, .. }
         | Command::Expire { now_ms, .. }
-        | Command::RetryRun { now_ms, .. } => *now_ms,
+        | Command::RetryRun { now_ms, .. }
+        | Command::PutToken { now_ms, .. }
+        | Command::RevokeToken { now_ms, .. } => *now_ms,
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
     }
@@ -179,6 +181,10 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             Command::Finish { reports, .. } => self.finish_all(reports),
             Command::Expire { expired, .. } => self.expire_all(expired),
             Command::RetryRun { run, .. } => self.retry_run(run).map(Response::Run),
+            Command::PutToken { token, first, .. } => {
+                self.put_token(token, *first).map(Response::Token)
+            }
+            Command::RevokeToken { name, .. } => self.revoke_token(name).map(Response::Deleted),
             Command::Batch { .. } => Err(CommandError::Invalid(
                 "commands: batches do not nest".into(),
             )),
@@ -211,6 +217,54 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 .map_or(1, |(_, n)| *n)
                 .clamp(1, limits::BROADCAST_MAX),
         }
+    }
+
+    // ------------------------------------------------------------ tokens
+
+    fn put_token(&mut self, t: &Token, first: bool) -> Result<Token, CommandError> {
+        validate::token(t)?;
+        let existing = self
+            .o
+            .range(&[keys::TOKEN], &[keys::TOKEN + 1], limits::TOKENS_MAX)
+            .len();
+        if first && existing > 0 {
+            return Err(CommandError::FailedPrecondition(
+                "tokens: the cluster already has tokens; the first admin is made only on an empty cluster".into(),
+            ));
+        }
+        if existing >= limits::TOKENS_MAX {
+            return Err(CommandError::FailedPrecondition(format!(
+                "tokens: at most {}; revoke one first",
+                limits::TOKENS_MAX
+            )));
+        }
+        if self.o.get(&keys::token(&t.name)).is_some() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "token {:?} already exists",
+                t.name
+            )));
+        }
+        if self.o.get(&keys::token_hash(&t.hash)).is_some() {
+            return Err(CommandError::Invalid(
+                "token.hash: another token has this secret".into(),
+            ));
+        }
+        let token = Token {
+            created_at_ms: self.now,
+            ..t.clone()
+        };
+        self.put(keys::token(&token.name), &token);
+        self.put(keys::token_hash(&token.hash), &token.name);
+        Ok(token)
+    }
+
+    fn revoke_token(&mut self, name: &str) -> Result<bool, CommandError> {
+        let Some(t) = get::<Token, _>(&self.o, &keys::token(name)) else {
+            return Ok(false);
+        };
+        self.o.delete(keys::token(name));
+        self.o.delete(keys::token_hash(&t.hash));
+        Ok(true)
     }
 
     // ------------------------------------------------------------ storage helpers

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{Job, JobSpec, Run, RunId, WheelKey};
+use super::types::{Job, JobSpec, Run, RunId, Token, WheelKey};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -65,6 +65,17 @@ pub enum Command {
         run: RunId,
         now_ms: i64,
     },
+    /// Adds a token. `first`: the bootstrap admin, taken only while the
+    /// cluster has no token at all.
+    PutToken {
+        token: Token,
+        first: bool,
+        now_ms: i64,
+    },
+    RevokeToken {
+        name: String,
+        now_ms: i64,
+    },
     /// Client commands grouped into one log entry (group commit). Each is
     /// applied in order as if alone: one refused command changes nothing and
     /// does not affect the others. Batches do not nest.
@@ -122,6 +133,7 @@ pub enum Response {
     Job(Job),
     Deleted(bool),
     Run(Run),
+    Token(Token),
     Fired {
         runs: u32,
         skipped_keys: u32,

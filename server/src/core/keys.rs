@@ -10,6 +10,9 @@ pub const JOB: u8 = b'j';
 pub const WHEEL: u8 = b'w';
 pub const RUN: u8 = b'r';
 pub const ACTIVE: u8 = b'a';
+/// Tokens by name, and the index from a secret's hash to the name.
+pub const TOKEN: u8 = b't';
+pub const TOKEN_HASH: u8 = b'k';
 
 /// Meta keys.
 pub const META_VERSION: &[u8] = b"mversion";
@@ -26,7 +29,8 @@ pub const META_RESTORING: &[u8] = b"mrestoring";
 /// reports in the log say whether the worker timed the attempt out.
 /// 6: snapshot files end with a SHA-256 of all their bytes, and the install
 /// marker is finished from `snapshot.recv` while that file still exists.
-pub const STATE_VERSION: u32 = 6;
+/// 7: API tokens (`t`, `k` key spaces; PutToken and RevokeToken commands).
+pub const STATE_VERSION: u32 = 7;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()
@@ -41,6 +45,18 @@ pub fn job(id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + id.len());
     k.push(JOB);
     k.extend_from_slice(id.as_bytes());
+    k
+}
+
+pub fn token(name: &str) -> Vec<u8> {
+    let mut k = vec![TOKEN];
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+pub fn token_hash(hash: &str) -> Vec<u8> {
+    let mut k = vec![TOKEN_HASH];
+    k.extend_from_slice(hash.as_bytes());
     k
 }
 

@@ -1363,3 +1363,105 @@ fn a_job_never_has_more_active_runs_than_the_cap_and_a_delete_cancels_them_all()
     assert_eq!(cancels, limits::ACTIVE_RUNS_MAX as usize);
     assert_eq!(sim.active_runs("x"), vec![]);
 }
+
+// ------------------------------------------------------------------ tokens
+
+fn token(name: &str, role: Role, groups: &[&str], hash_byte: char) -> Token {
+    Token {
+        name: name.into(),
+        role,
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        hash: hash_byte.to_string().repeat(64),
+        created_at_ms: 0,
+    }
+}
+
+fn put_token(sim: &mut Sim, t: Token, first: bool) -> Applied {
+    sim.exec(Command::PutToken {
+        token: t,
+        first,
+        now_ms: T0,
+    })
+}
+
+#[test]
+fn the_first_admin_is_made_only_on_a_cluster_without_tokens() {
+    let mut sim = Sim::default();
+    let a = put_token(&mut sim, token("admin", Role::Admin, &[], 'a'), true);
+    assert!(
+        matches!(&a.response, Response::Token(t) if t.created_at_ms == T0),
+        "{:?}",
+        a.response
+    );
+    // A second node's bootstrap (another file, or a retry) changes nothing.
+    let again = put_token(&mut sim, token("admin2", Role::Admin, &[], 'b'), true);
+    assert!(matches!(
+        &again.response,
+        Response::Error(CommandError::FailedPrecondition(m)) if m.contains("already has tokens")
+    ));
+    assert_nothing_done(&again);
+}
+
+#[test]
+fn bad_tokens_are_refused_naming_the_field_and_write_nothing() {
+    let mut sim = Sim::default();
+    put_token(&mut sim, token("ops", Role::Operator, &[], 'a'), false);
+    let cases = [
+        (
+            token("ops", Role::Reader, &[], 'c'),
+            "token \"ops\" already exists",
+        ),
+        (
+            token("dup-secret", Role::Reader, &[], 'a'),
+            "token.hash: another token has this secret",
+        ),
+        (
+            token("w", Role::Worker, &[], 'd'),
+            "token.groups: a worker token needs at least one group",
+        ),
+        (
+            token("r", Role::Reader, &["g"], 'e'),
+            "token.groups: only worker tokens have groups",
+        ),
+        (
+            token("bad name", Role::Reader, &[], 'f'),
+            "token.name: character ' ' not allowed",
+        ),
+        (
+            Token {
+                hash: "Z".repeat(64),
+                ..token("h", Role::Reader, &[], '0')
+            },
+            "token.hash: must be 64 lowercase hex digits",
+        ),
+    ];
+    for (t, want) in cases {
+        let a = put_token(&mut sim, t, false);
+        let msg = match &a.response {
+            Response::Error(e) => e.to_string(),
+            other => panic!("accepted; wanted {want:?}: {other:?}"),
+        };
+        assert!(msg.starts_with(want), "{msg:?} vs {want:?}");
+        assert_nothing_done(&a);
+    }
+}
+
+#[test]
+fn revoking_a_token_removes_it_and_its_secret_index() {
+    let mut sim = Sim::default();
+    put_token(&mut sim, token("w", Role::Worker, &["g"], '1'), false);
+    assert!(sim.view.get(&keys::token_hash(&"1".repeat(64))).is_some());
+    let a = sim.exec(Command::RevokeToken {
+        name: "w".into(),
+        now_ms: T0,
+    });
+    assert_eq!(a.response, Response::Deleted(true));
+    assert!(sim.view.get(&keys::token("w")).is_none());
+    assert!(sim.view.get(&keys::token_hash(&"1".repeat(64))).is_none());
+    let none = sim.exec(Command::RevokeToken {
+        name: "w".into(),
+        now_ms: T0,
+    });
+    assert_eq!(none.response, Response::Deleted(false));
+    assert_nothing_done(&none);
+}

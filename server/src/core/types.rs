@@ -41,6 +41,10 @@ pub mod limits {
     /// is recorded skipped, and a manual retry is refused; so cancelling a
     /// job's runs (delete, `replace`) touches at most this many.
     pub const ACTIVE_RUNS_MAX: u32 = 4096;
+    /// Tokens the cluster holds.
+    pub const TOKENS_MAX: usize = 1000;
+    /// Groups a worker token may name.
+    pub const TOKEN_GROUPS_MAX: usize = 64;
     /// Runs per occurrence of a sharded job.
     pub const SHARDS_MAX: u32 = 1024;
     /// Runs per occurrence of a broadcast job (one per connected worker).
@@ -409,4 +413,44 @@ pub struct ReadyRun {
     pub route: Route,
     /// Runs of the occurrence: above 1 the dispatcher spreads them over workers.
     pub shard_count: u32,
+}
+
+/// What a token may do. `Admin` everything (tokens and membership
+/// included); `Operator` jobs and runs; `Reader` get, list and status;
+/// `Worker` a worker session for its token's groups only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    Admin,
+    Operator,
+    Reader,
+    Worker,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Operator => "operator",
+            Role::Reader => "reader",
+            Role::Worker => "worker",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        [Role::Admin, Role::Operator, Role::Reader, Role::Worker]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+/// A named API token. Only the SHA-256 of its secret is stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    pub name: String,
+    pub role: Role,
+    /// For `Worker`: the groups it may serve (at least one). Empty otherwise.
+    pub groups: Vec<String>,
+    /// Lowercase hex SHA-256 of the secret.
+    pub hash: String,
+    pub created_at_ms: i64,
 }

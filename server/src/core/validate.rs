@@ -4,7 +4,7 @@
 
 use super::command::CommandError;
 use super::schedule::Schedule;
-use super::types::{limits, Fanout, JobSpec, Overlap, Policy, Route, ScheduleInput};
+use super::types::{limits, Fanout, JobSpec, Overlap, Policy, Role, Route, ScheduleInput, Token};
 
 const TEN_YEARS_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
 
@@ -291,4 +291,45 @@ mod tests {
         s.policy.route = Route::Label([("zone".to_string(), "eu-west".to_string())].into());
         assert!(job_spec(&s, 1_000_000).is_ok());
     }
+}
+
+/// A token as PutToken carries it: a valid name, a SHA-256 hex hash, and
+/// groups exactly when the role is `worker`.
+pub fn token(t: &Token) -> Result<(), CommandError> {
+    name("token.name", &t.name, limits::ID_MAX_BYTES)?;
+    if t.hash.len() != 64
+        || !t
+            .hash
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(invalid(
+            "token.hash: must be 64 lowercase hex digits (SHA-256)".into(),
+        ));
+    }
+    match (t.role, t.groups.len()) {
+        (Role::Worker, 0) => {
+            return Err(invalid(
+                "token.groups: a worker token needs at least one group".into(),
+            ))
+        }
+        (Role::Worker, n) if n > limits::TOKEN_GROUPS_MAX => {
+            return Err(invalid(format!(
+                "token.groups: at most {}, got {n}",
+                limits::TOKEN_GROUPS_MAX
+            )))
+        }
+        (Role::Worker, _) => {}
+        (role, n) if n > 0 => {
+            return Err(invalid(format!(
+                "token.groups: only worker tokens have groups, this one is {}",
+                role.as_str()
+            )))
+        }
+        _ => {}
+    }
+    for g in &t.groups {
+        name("token.groups", g, limits::GROUP_MAX_BYTES)?;
+    }
+    Ok(())
 }

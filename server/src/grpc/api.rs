@@ -4,12 +4,15 @@
 
 use std::sync::Arc;
 
-use kairos_proto::v1::{self as pb, jobs_client::JobsClient, runs_client::RunsClient};
+use kairos_proto::v1::{
+    self as pb, cluster_client::ClusterClient, jobs_client::JobsClient, runs_client::RunsClient,
+};
 use tonic::{Request, Response, Status};
 
+use super::auth::{authorize, hash_secret, Need};
 use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
 use super::{error, forwarded, read_barrier, route};
-use crate::core::{limits, query, validate, Command, Response as R, RunId, Schedule};
+use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
 use crate::node::Node;
 
 #[derive(Clone)]
@@ -17,11 +20,13 @@ pub struct Api {
     pub node: Arc<Node>,
 }
 
-/// Serves the call on the leader, or forwards it there unchanged.
+/// Admits the call if the caller may do `$need`, then serves it on the
+/// leader or forwards it there unchanged (with the caller's token).
 macro_rules! forward {
-    ($self:ident, $req:ident, $client:ident, $method:ident) => {
+    ($self:ident, $req:ident, $need:expr, $client:ident, $method:ident) => {
+        authorize(&$self.node, &$req, $need)?;
         if let Some(ch) = route(&$self.node, &$req)? {
-            return $client::new(ch).$method(forwarded($req.into_inner())).await;
+            return $client::new(ch).$method(forwarded($req)).await;
         }
     };
 }
@@ -57,7 +62,7 @@ impl pb::jobs_server::Jobs for Api {
         &self,
         req: Request<pb::CreateJobRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, JobsClient, create_job);
+        forward!(self, req, Need::Write, JobsClient, create_job);
         let spec = spec_in(req.into_inner().spec)?;
         let now_ms = self.node.clock.now_ms();
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
@@ -68,7 +73,7 @@ impl pb::jobs_server::Jobs for Api {
         &self,
         req: Request<pb::UpdateJobRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, JobsClient, update_job);
+        forward!(self, req, Need::Write, JobsClient, update_job);
         let r = req.into_inner();
         let spec = spec_in(r.spec)?;
         let now_ms = self.node.clock.now_ms();
@@ -83,7 +88,7 @@ impl pb::jobs_server::Jobs for Api {
     }
 
     async fn get_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, JobsClient, get_job);
+        forward!(self, req, Need::Read, JobsClient, get_job);
         read_barrier(&self.node, &req).await?;
         let id = req.into_inner().id;
         Self::job_id(&id)?;
@@ -99,7 +104,7 @@ impl pb::jobs_server::Jobs for Api {
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        forward!(self, req, JobsClient, list_jobs);
+        forward!(self, req, Need::Read, JobsClient, list_jobs);
         read_barrier(&self.node, &req).await?;
         let r = req.into_inner();
         let n = page_size(r.page_size)?;
@@ -119,7 +124,7 @@ impl pb::jobs_server::Jobs for Api {
         &self,
         req: Request<pb::JobRef>,
     ) -> Result<Response<pb::DeleteJobResponse>, Status> {
-        forward!(self, req, JobsClient, delete_job);
+        forward!(self, req, Need::Write, JobsClient, delete_job);
         let id = req.into_inner().id;
         Self::job_id(&id)?;
         match self
@@ -135,7 +140,7 @@ impl pb::jobs_server::Jobs for Api {
     }
 
     async fn pause_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, JobsClient, pause_job);
+        forward!(self, req, Need::Write, JobsClient, pause_job);
         let id = req.into_inner().id;
         Self::job_id(&id)?;
         self.write_job(Command::PauseJob {
@@ -146,7 +151,7 @@ impl pb::jobs_server::Jobs for Api {
     }
 
     async fn resume_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, JobsClient, resume_job);
+        forward!(self, req, Need::Write, JobsClient, resume_job);
         let id = req.into_inner().id;
         Self::job_id(&id)?;
         self.write_job(Command::ResumeJob {
@@ -157,7 +162,7 @@ impl pb::jobs_server::Jobs for Api {
     }
 
     async fn trigger_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Run>, Status> {
-        forward!(self, req, JobsClient, trigger_job);
+        forward!(self, req, Need::Write, JobsClient, trigger_job);
         let id = req.into_inner().id;
         Self::job_id(&id)?;
         match self
@@ -177,7 +182,7 @@ impl pb::jobs_server::Jobs for Api {
         &self,
         req: Request<pb::NextFiresRequest>,
     ) -> Result<Response<pb::NextFiresResponse>, Status> {
-        forward!(self, req, JobsClient, next_fires);
+        forward!(self, req, Need::Read, JobsClient, next_fires);
         read_barrier(&self.node, &req).await?;
         let r = req.into_inner();
         let count = r.count as usize;
@@ -214,7 +219,7 @@ impl pb::runs_server::Runs for Api {
         &self,
         req: Request<pb::ListRunsRequest>,
     ) -> Result<Response<pb::ListRunsResponse>, Status> {
-        forward!(self, req, RunsClient, list_runs);
+        forward!(self, req, Need::Read, RunsClient, list_runs);
         read_barrier(&self.node, &req).await?;
         let r = req.into_inner();
         Self::job_id(&r.job)?;
@@ -231,7 +236,7 @@ impl pb::runs_server::Runs for Api {
     }
 
     async fn get_run(&self, req: Request<pb::RunRef>) -> Result<Response<pb::Run>, Status> {
-        forward!(self, req, RunsClient, get_run);
+        forward!(self, req, Need::Read, RunsClient, get_run);
         read_barrier(&self.node, &req).await?;
         let id = req.into_inner().run_id;
         let run_id = parse_run_id(&id)?;
@@ -244,7 +249,7 @@ impl pb::runs_server::Runs for Api {
     }
 
     async fn retry_run(&self, req: Request<pb::RunRef>) -> Result<Response<pb::Run>, Status> {
-        forward!(self, req, RunsClient, retry_run);
+        forward!(self, req, Need::Write, RunsClient, retry_run);
         let run = parse_run_id(&req.into_inner().run_id)?;
         let cmd = Command::RetryRun {
             run,
@@ -270,10 +275,73 @@ fn parse_run_id(id: &str) -> Result<RunId, Status> {
 
 #[tonic::async_trait]
 impl pb::cluster_server::Cluster for Api {
+    async fn create_token(
+        &self,
+        req: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        forward!(self, req, Need::Admin, ClusterClient, create_token);
+        let r = req.into_inner();
+        let role = Role::parse(&r.role).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "role: one of admin, operator, reader, worker; got {:?}",
+                r.role
+            ))
+        })?;
+        let secret = new_secret();
+        let token = Token {
+            name: r.name,
+            role,
+            groups: r.groups,
+            hash: hash_secret(&secret),
+            created_at_ms: 0,
+        };
+        validate::token(&token).map_err(error::command)?;
+        let now_ms = self.node.clock.now_ms();
+        match self
+            .write(Command::PutToken {
+                token,
+                first: false,
+                now_ms,
+            })
+            .await?
+        {
+            R::Token(t) => Ok(Response::new(pb::CreateTokenResponse {
+                token: Some(token_out(&t)),
+                secret,
+            })),
+            other => Err(Status::internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    async fn list_tokens(
+        &self,
+        req: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        forward!(self, req, Need::Admin, ClusterClient, list_tokens);
+        read_barrier(&self.node, &req).await?;
+        let tokens = self.node.sm.list_tokens().iter().map(token_out).collect();
+        Ok(Response::new(pb::ListTokensResponse { tokens }))
+    }
+
+    async fn revoke_token(
+        &self,
+        req: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
+        forward!(self, req, Need::Admin, ClusterClient, revoke_token);
+        let name = req.into_inner().name;
+        validate::name("name", &name, limits::ID_MAX_BYTES).map_err(error::command)?;
+        let now_ms = self.node.clock.now_ms();
+        match self.write(Command::RevokeToken { name, now_ms }).await? {
+            R::Deleted(revoked) => Ok(Response::new(pb::RevokeTokenResponse { revoked })),
+            other => Err(Status::internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
     async fn status(
         &self,
-        _req: Request<pb::StatusRequest>,
+        req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
+        authorize(&self.node, &req, Need::Read)?;
         let members = self.node.members();
         let offsets = self.node.clock.peer_offsets();
         let calls = members.iter().map(|(id, addr)| {
@@ -333,5 +401,23 @@ impl pb::cluster_server::Cluster for Api {
             leader = self.node.leader().map(|(id, _)| id).unwrap_or(0);
         }
         Ok(Response::new(pb::StatusResponse { leader, nodes }))
+    }
+}
+
+/// A new token secret: 32 random bytes, hex, with a recognisable prefix.
+fn new_secret() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("kairos_{hex}")
+}
+
+fn token_out(t: &Token) -> pb::TokenInfo {
+    pb::TokenInfo {
+        name: t.name.clone(),
+        role: t.role.as_str().to_string(),
+        groups: t.groups.clone(),
+        created_at_ms: t.created_at_ms,
     }
 }

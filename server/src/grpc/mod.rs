@@ -5,6 +5,7 @@
 //! calls to the leader; a call already forwarded once is never forwarded again.
 
 pub mod api;
+pub mod auth;
 pub mod convert;
 pub mod error;
 pub mod peer;
@@ -128,9 +129,14 @@ pub fn route<T>(node: &Node, req: &Request<T>) -> Result<Option<Channel>, Status
     }
 }
 
-/// Re-wraps a message for forwarding, marked so it is not forwarded again.
-pub fn forwarded<T>(msg: T) -> Request<T> {
-    let mut r = Request::new(msg);
+/// Re-wraps a request for forwarding: the caller's token goes along (the
+/// leader checks it too), and the mark that it must not be forwarded again.
+pub fn forwarded<T>(req: Request<T>) -> Request<T> {
+    let token = req.metadata().get(kairos_client::AUTH_HEADER).cloned();
+    let mut r = Request::new(req.into_inner());
+    if let Some(t) = token {
+        r.metadata_mut().insert(kairos_client::AUTH_HEADER, t);
+    }
     r.metadata_mut().insert(
         FORWARDED_HEADER,
         tonic::metadata::MetadataValue::from_static("1"),

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::auth;
 use crate::core::{limits, validate, FinishReport, RunId};
 use crate::leader::dispatch::{ToWorker, WorkerInfo, STOP_GRACE_MAX_MS};
 use crate::node::Node;
@@ -40,6 +41,7 @@ impl pb::workers_server::Workers for WorkerService {
         &self,
         req: Request<Streaming<pb::WorkerMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        let metadata = req.metadata().clone();
         let mut inbound = req.into_inner();
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
             Ok(Ok(Some(pb::WorkerMessage {
@@ -54,6 +56,7 @@ impl pb::workers_server::Workers for WorkerService {
             }
         };
         validate_hello(&hello)?;
+        auth::authorize_worker(&self.node, &metadata, &hello.groups)?;
         let (out, rx) = mpsc::channel(256);
         if !self.node.is_leader() {
             let leader_addr = self.node.leader().map(|(_, a)| a).unwrap_or_default();
@@ -183,6 +186,20 @@ async fn send_to_worker(node: &Node, out: &Outbound, m: ToWorker) -> bool {
 fn on_message(node: &Arc<Node>, conn: u64, worker: &str, m: pb::WorkerMessage, out: &Outbound) {
     match m.msg {
         Some(In::Finish(f)) => {
+            if let Some(run) = RunId::parse(&f.run_id) {
+                if node.dispatcher.held_by_other(conn, worker, &run) {
+                    let _ = out.try_send(msg(Out::FinishAck(pb::FinishAck {
+                        run_id: f.run_id.clone(),
+                        attempt: f.attempt,
+                        accepted: false,
+                        error: format!(
+                            "finish refused: run {} is leased to another worker session",
+                            f.run_id
+                        ),
+                    })));
+                    return;
+                }
+            }
             // The worker is done with it: free its slot now, not after the commit.
             if let Some(run) = RunId::parse(&f.run_id) {
                 if node.dispatcher.finishing(conn, &run, f.attempt) {

@@ -310,6 +310,17 @@ impl Dispatcher {
             .is_some_and(|w| w.in_flight.remove(run))
     }
 
+    /// Whether `run`'s attempt is leased to another worker session than
+    /// (`conn`, `worker`): then a finish from this session is forged or
+    /// misrouted and must not be taken. Without a lease, apply decides.
+    pub fn held_by_other(&self, conn: u64, worker: &str, run: &RunId) -> bool {
+        let s = self.lock();
+        s.leases.get(run).is_some_and(|l| match l.conn {
+            Some(c) => c != conn,
+            None => !l.worker.is_empty() && l.worker != worker,
+        })
+    }
+
     /// Extends the leases of attempts a worker says it is still running.
     /// Only the worker that holds a lease may extend or reclaim it.
     pub fn heartbeat(&self, conn: u64, runs: &[RunId], now_ms: i64) {
@@ -638,6 +649,25 @@ mod tests {
         d.ended(&rid("high", 5), 1);
         assert_eq!(d.dispatch(0)[0].run.job, "low");
         assert!(d.is_registered(conn));
+    }
+
+    #[test]
+    fn only_the_session_holding_a_lease_may_finish_it() {
+        let d = Dispatcher::default();
+        let (tx1, _rx1) = mpsc::channel(16);
+        let (tx2, _rx2) = mpsc::channel(16);
+        let holder = d.register(info("w1", vec!["g".into()], BTreeMap::new(), 1), tx1);
+        d.ready(ready(rid("a", 1), 1, 5, 60_000));
+        assert_eq!(d.dispatch(0).len(), 1);
+        let other = d.register(info("w2", vec!["g".into()], BTreeMap::new(), 1), tx2);
+        assert!(d.held_by_other(other, "w2", &rid("a", 1)));
+        assert!(!d.held_by_other(holder, "w1", &rid("a", 1)));
+        // The holder's stream drops: its worker may come back on a new stream, nobody else.
+        d.unregister(holder);
+        assert!(!d.held_by_other(99, "w1", &rid("a", 1)));
+        assert!(d.held_by_other(other, "w2", &rid("a", 1)));
+        // No lease at all: apply decides (unknown run, stale attempt).
+        assert!(!d.held_by_other(other, "w2", &rid("zzz", 1)));
     }
 
     #[test]

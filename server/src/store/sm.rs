@@ -136,6 +136,19 @@ impl StateMachine {
         rows.iter().filter_map(|(_, v)| decode(v).ok()).collect()
     }
 
+    /// The token whose secret hashes to `hash` (lowercase hex SHA-256).
+    pub fn token_by_hash(&self, hash: &str) -> Option<core::Token> {
+        let name: String = self.meta(&keys::token_hash(hash))?;
+        self.meta(&keys::token(&name))
+    }
+
+    /// Every token, by name (at most `limits::TOKENS_MAX` exist).
+    pub fn list_tokens(&self) -> Vec<core::Token> {
+        let rows =
+            (self.view()).range(&[keys::TOKEN], &[keys::TOKEN + 1], core::limits::TOKENS_MAX);
+        rows.iter().filter_map(|(_, v)| decode(v).ok()).collect()
+    }
+
     pub fn get_run(&self, id: &RunId) -> Option<Run> {
         self.meta(&keys::run(id))
     }

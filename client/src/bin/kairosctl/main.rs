@@ -57,6 +57,9 @@ enum Cmd {
     /// Cluster administration.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// API tokens and their roles (admin token required).
+    #[command(subcommand)]
+    Token(TokenCmd),
     /// Run a ready worker for a group. WARNING: it EXECUTES whatever the jobs
     /// of that group send it (`--exec shell` runs the payload with `sh -c`).
     Worker(exec::WorkerArgs),
@@ -184,6 +187,74 @@ enum RunsCmd {
 #[derive(Subcommand)]
 enum ClusterCmd {
     Status,
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Create a token; its secret is printed once (only a hash is stored).
+    Create {
+        name: String,
+        /// admin | operator | reader | worker
+        #[arg(long)]
+        role: String,
+        /// For --role worker: the groups it may serve.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+    },
+    /// List tokens (names, roles, groups; never secrets).
+    List,
+    /// Revoke a token on every node.
+    Revoke { name: String },
+}
+
+async fn token_cmd(c: &Client, out: Output, cmd: TokenCmd) -> anyhow::Result<()> {
+    use pb::cluster_client::ClusterClient;
+    let print = |t: &pb::TokenInfo| match out {
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({"name": t.name, "role": t.role, "groups": t.groups, "created_at_ms": t.created_at_ms})
+        ),
+        Output::Table => println!("{:<24} {:<9} {}", t.name, t.role, t.groups.join(",")),
+    };
+    match cmd {
+        TokenCmd::Create { name, role, groups } => {
+            let req = pb::CreateTokenRequest { name, role, groups };
+            let r = c
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { ClusterClient::new(ch).create_token(req).await }
+                })
+                .await?;
+            if let Some(t) = &r.token {
+                print(t);
+            }
+            // The secret on its own line, so scripts can take the last line.
+            eprintln!("secret (shown once; present it with --token or KAIROS_TOKEN):");
+            println!("{}", r.secret);
+        }
+        TokenCmd::List => {
+            let r = c
+                .call(|ch| async move {
+                    ClusterClient::new(ch)
+                        .list_tokens(pb::ListTokensRequest {})
+                        .await
+                })
+                .await?;
+            r.tokens.iter().for_each(print);
+        }
+        TokenCmd::Revoke { name } => {
+            let req = pb::RevokeTokenRequest { name: name.clone() };
+            let r = c
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { ClusterClient::new(ch).revoke_token(req).await }
+                })
+                .await?;
+            anyhow::ensure!(r.revoked, "token {name:?} not found");
+            println!("revoked {name}");
+        }
+    }
+    Ok(())
 }
 
 /// Parses "200ms", "30s", "1m", "1h30m", "2d" into milliseconds.
@@ -597,6 +668,7 @@ async fn main() {
             .map(|r| print_runs(cli.output, &[r]))
             .map_err(Into::into),
         Cmd::Cluster(ClusterCmd::Status) => cluster_status(&client, cli.output).await,
+        Cmd::Token(t) => token_cmd(&client, cli.output, t).await,
         Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
     };
     if let Err(e) = res {

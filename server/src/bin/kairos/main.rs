@@ -70,7 +70,12 @@ pub struct ServeArgs {
     /// certificate from the CA naming their node.
     #[arg(long, env = "KAIROS_TLS_DIR")]
     tls_dir: Option<PathBuf>,
-    /// Allow listening on non-loopback addresses without TLS (logs a warning).
+    /// File holding a token secret (one line, at least 16 characters).
+    /// Public calls then need a token, and on a cluster without tokens this
+    /// one becomes the first admin (named "admin"). Give every node the same file.
+    #[arg(long, env = "KAIROS_AUTH_TOKEN_FILE")]
+    auth_token_file: Option<PathBuf>,
+    /// Allow non-loopback addresses without TLS and tokens (logs a warning).
     #[arg(long)]
     insecure: bool,
     /// HTTP address for /healthz, /readyz, /metrics and the dashboard.
@@ -156,19 +161,27 @@ fn check_transport(
         .filter(|addr| !loopback(addr))
         .collect();
     open.dedup();
-    if a.tls_dir.is_some() {
-        return Ok(());
+    let (tls, auth) = (a.tls_dir.is_some(), a.auth_token_file.is_some());
+    match (tls, auth) {
+        (true, true) => tracing::info!("secure mode: TLS on both listeners, tokens required"),
+        (false, false) if open.is_empty() => {
+            tracing::info!("development mode: loopback only, no TLS, no tokens")
+        }
+        _ if open.is_empty() => tracing::info!(tls, tokens = auth, "loopback only"),
+        _ => {
+            let missing = match (tls, auth) {
+                (false, false) => "TLS (--tls-dir) and tokens (--auth-token-file)",
+                (false, true) => "TLS (--tls-dir)",
+                _ => "tokens (--auth-token-file)",
+            };
+            anyhow::ensure!(
+                a.insecure,
+                "refusing to serve on non-loopback addresses {} without {missing}: give --insecure to accept that anyone who reaches them can use the cluster",
+                open.join(", ")
+            );
+            tracing::warn!(addresses = %open.join(", "), "INSECURE: serving on non-loopback addresses without {missing}");
+        }
     }
-    if open.is_empty() {
-        tracing::info!("development mode: every address is loopback, no TLS");
-        return Ok(());
-    }
-    anyhow::ensure!(
-        a.insecure,
-        "refusing to serve without TLS on non-loopback addresses {}: give --insecure to accept that anyone who reaches them can use the cluster",
-        open.join(", ")
-    );
-    tracing::warn!(addresses = %open.join(", "), "INSECURE: serving without TLS on non-loopback addresses");
     Ok(())
 }
 
@@ -190,6 +203,18 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     config.heartbeat_ms = a.heartbeat_ms;
     config.election_min_ms = a.election_min_ms;
     config.election_max_ms = a.election_max_ms;
+    if let Some(f) = &a.auth_token_file {
+        let secret = std::fs::read_to_string(f)
+            .with_context(|| format!("--auth-token-file {}", f.display()))?
+            .trim()
+            .to_string();
+        anyhow::ensure!(
+            secret.len() >= 16 && secret.bytes().all(|b| b.is_ascii_graphic()),
+            "--auth-token-file {}: the token must be one line of at least 16 printable characters",
+            f.display()
+        );
+        config.auth_token = Some(secret);
+    }
     if let Some(dir) = &a.tls_dir {
         config.tls = Some(std::sync::Arc::new(kairos_server::tls::NodeTls::load(
             dir, a.id,
