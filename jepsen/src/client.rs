@@ -9,7 +9,9 @@ use kairos_proto::v1::{
     JobRef, JobSpec, MisfirePolicy, Schedule, StatusRequest, StatusResponse, UpdateJobRequest,
 };
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
 
 /// Worker group of every job that should run on harness workers.
@@ -26,19 +28,55 @@ pub const RUN_TIMEOUT_MS: u64 = 5_000;
 pub struct Node {
     pub id: u64,
     pub addr: String,
-    pub channel: Channel,
+    pub channel: NodeChannel,
 }
 
+/// How the harness reaches a secure cluster: its CA and the admin token.
+/// The default (no CA, no token) is a plain development cluster.
+#[derive(Clone, Default, Debug)]
+pub struct Security {
+    pub ca_pem: Option<Vec<u8>>,
+    pub token: Option<String>,
+}
+
+/// Adds the bearer token (if any) to every request.
+#[derive(Clone)]
+pub struct Bearer(Option<AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A channel whose requests carry the harness's token.
+pub type NodeChannel = InterceptedService<Channel, Bearer>;
+
 /// A lazily connecting channel with short connect and keep-alive timeouts,
-/// so a paused or cut-off node is noticed quickly.
-pub fn channel(addr: &str) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+/// so a paused or cut-off node is noticed quickly; TLS when `sec` has a CA.
+pub fn channel(addr: &str, sec: &Security) -> anyhow::Result<NodeChannel> {
+    let scheme = if sec.ca_pem.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))?
         .connect_timeout(Duration::from_millis(1_000))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(2))
         .keep_alive_timeout(Duration::from_secs(3))
-        .keep_alive_while_idle(true)
-        .connect_lazy())
+        .keep_alive_while_idle(true);
+    if let Some(ca) = &sec.ca_pem {
+        ep = ep.tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?;
+    }
+    let bearer = match &sec.token {
+        Some(t) => Some(format!("Bearer {t}").parse()?),
+        None => None,
+    };
+    Ok(InterceptedService::new(ep.connect_lazy(), Bearer(bearer)))
 }
 
 pub fn request<T>(msg: T, timeout: Duration) -> Request<T> {
@@ -130,7 +168,7 @@ pub fn payload_value(job: &Job) -> Option<u64> {
     std::str::from_utf8(&spec.payload).ok()?.trim().parse().ok()
 }
 
-pub async fn create(ch: &Channel, spec: JobSpec, t: Duration) -> Result<Job, Status> {
+pub async fn create(ch: &NodeChannel, spec: JobSpec, t: Duration) -> Result<Job, Status> {
     let req = request(CreateJobRequest { spec: Some(spec) }, t);
     Ok(JobsClient::new(ch.clone())
         .create_job(req)
@@ -139,7 +177,7 @@ pub async fn create(ch: &Channel, spec: JobSpec, t: Duration) -> Result<Job, Sta
 }
 
 pub async fn update(
-    ch: &Channel,
+    ch: &NodeChannel,
     spec: JobSpec,
     expected_revision: u64,
     t: Duration,
@@ -154,7 +192,7 @@ pub async fn update(
         .into_inner())
 }
 
-pub async fn get(ch: &Channel, id: &str, t: Duration) -> Result<Job, Status> {
+pub async fn get(ch: &NodeChannel, id: &str, t: Duration) -> Result<Job, Status> {
     let req = JobRef { id: id.to_string() };
     Ok(JobsClient::new(ch.clone())
         .get_job(request(req, t))
@@ -162,7 +200,7 @@ pub async fn get(ch: &Channel, id: &str, t: Duration) -> Result<Job, Status> {
         .into_inner())
 }
 
-pub async fn delete(ch: &Channel, id: &str, t: Duration) -> Result<bool, Status> {
+pub async fn delete(ch: &NodeChannel, id: &str, t: Duration) -> Result<bool, Status> {
     let req = JobRef { id: id.to_string() };
     Ok(JobsClient::new(ch.clone())
         .delete_job(request(req, t))
@@ -171,7 +209,7 @@ pub async fn delete(ch: &Channel, id: &str, t: Duration) -> Result<bool, Status>
         .deleted)
 }
 
-pub async fn pause(ch: &Channel, id: &str, t: Duration) -> Result<Job, Status> {
+pub async fn pause(ch: &NodeChannel, id: &str, t: Duration) -> Result<Job, Status> {
     let req = JobRef { id: id.to_string() };
     Ok(JobsClient::new(ch.clone())
         .pause_job(request(req, t))
@@ -180,7 +218,7 @@ pub async fn pause(ch: &Channel, id: &str, t: Duration) -> Result<Job, Status> {
 }
 
 /// This node's own view of the cluster.
-pub async fn status(ch: &Channel, t: Duration) -> Result<StatusResponse, Status> {
+pub async fn status(ch: &NodeChannel, t: Duration) -> Result<StatusResponse, Status> {
     let mut client = ClusterClient::new(ch.clone());
     let call = client.status(local(StatusRequest {}, t));
     match tokio::time::timeout(t + Duration::from_millis(500), call).await {

@@ -46,6 +46,8 @@ pub struct Cluster {
     pub faketime: bool,
     /// Appended to every `kairos serve` command line.
     pub extra_args: Vec<String>,
+    /// What clients present ([`Cluster::secure`] fills it in).
+    pub security: crate::client::Security,
     procs: Mutex<Vec<Option<Child>>>,
 }
 
@@ -70,6 +72,7 @@ impl Cluster {
             nodes,
             faketime,
             extra_args: Vec::new(),
+            security: Default::default(),
             procs,
         })
     }
@@ -105,8 +108,8 @@ impl Cluster {
             .arg("--data-dir")
             .arg(n.data_dir())
             .args(["--peers", &self.peers()])
-            // Namespaced nodes listen on non-loopback addresses.
-            .args(n.netns.is_some().then_some("--insecure"))
+            // Namespaced nodes of a plain run listen on non-loopback addresses.
+            .args((n.netns.is_some() && self.security.token.is_none()).then_some("--insecure"))
             .args(&self.extra_args);
         c.env(clean::ENV_RUN, &self.run_id)
             .env(clean::ENV_OWNER, std::process::id().to_string());
@@ -117,6 +120,49 @@ impl Cluster {
                 .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         }
         c
+    }
+
+    /// Turns on TLS and tokens: `kairos certs init` into `dir` (naming
+    /// every node's host), an admin token file, and the flags that use them.
+    pub fn secure(&mut self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let certs = dir.join("certs");
+        let mut cmd = Command::new(&self.bin);
+        cmd.args([
+            "certs",
+            "init",
+            "--nodes",
+            &self.nodes.len().to_string(),
+            "--out",
+        ])
+        .arg(&certs);
+        for n in &self.nodes {
+            let host = n
+                .listen
+                .rsplit_once(':')
+                .map_or(n.listen.as_str(), |(h, _)| h);
+            cmd.args(["--host", host]);
+        }
+        let out = cmd.output().context("run kairos certs init")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "kairos certs init: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let token = format!("jepsen-admin-{}-{}", self.run_id, std::process::id());
+        let token_file = dir.join("admin.token");
+        std::fs::write(&token_file, format!("{token}\n"))?;
+        self.extra_args.extend([
+            "--tls-dir".to_string(),
+            certs.display().to_string(),
+            "--auth-token-file".to_string(),
+            token_file.display().to_string(),
+        ]);
+        self.security = crate::client::Security {
+            ca_pem: Some(std::fs::read(certs.join("ca.crt"))?),
+            token: Some(token),
+        };
+        Ok(())
     }
 
     /// Starts (or restarts) node `idx`.

@@ -93,6 +93,10 @@ struct RunArgs {
     /// blackholed follower must install one to catch up.
     #[arg(long, allow_hyphen_values = true)]
     node_args: Option<String>,
+    /// Run the cluster without TLS and tokens (by default the harness
+    /// generates certificates and an admin token and uses both).
+    #[arg(long)]
+    plain: bool,
 }
 
 fn main() {
@@ -168,7 +172,7 @@ fn status_cmd(addr: &str) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let ch = kairos_jepsen::client::channel(addr)?;
+        let ch = kairos_jepsen::client::channel(addr, &Default::default())?;
         let s = kairos_jepsen::client::status(&ch, Duration::from_secs(3)).await?;
         let nodes: Vec<_> = s
             .nodes
@@ -257,6 +261,7 @@ fn config(a: RunArgs) -> Result<RunConfig> {
         bounds,
         loopback: a.loopback,
         node_args,
+        plain: a.plain,
     })
 }
 

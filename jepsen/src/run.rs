@@ -46,6 +46,8 @@ pub struct RunConfig {
     pub loopback: bool,
     /// Extra arguments for every `kairos serve`.
     pub node_args: Vec<String>,
+    /// Without TLS and tokens (the default runs with both).
+    pub plain: bool,
 }
 
 /// Upper bound on a run's wall time beyond its time limit.
@@ -99,6 +101,9 @@ pub async fn run(cfg: RunConfig) -> Result<Summary> {
     let bin = pin_binary(&cfg)?;
     let mut cluster = Cluster::new(bin, id.clone(), specs, faketime)?;
     cluster.extra_args = cfg.node_args.clone();
+    if !cfg.plain {
+        cluster.secure(&cfg.out)?;
+    }
     let cluster = Arc::new(cluster);
     let result = drive(&cfg, &id, &nemeses, cluster.clone(), net.clone()).await;
     cluster.shutdown();
@@ -257,7 +262,7 @@ async fn start_nodes(cfg: &RunConfig, id: &str, cluster: &Cluster) -> Result<Arc
             Ok(Node {
                 id: s.id,
                 addr: s.listen.clone(),
-                channel: client::channel(&s.listen)?,
+                channel: client::channel(&s.listen, &cluster.security)?,
             })
         })
         .collect::<Result<_>>()?;

@@ -14,53 +14,86 @@ use kairos_client::{pb, Client, Security};
 /// `cargo nextest run` builds test targets but not a plain binary of another
 /// package, so a stale or missing binary would be tested otherwise.
 pub fn kairos_bin() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    workspace_bin("KAIROS_BIN", "kairos-server", "kairos", &BUILT)
+    static PINNED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    workspace_bin("KAIROS_BIN", "kairos-server", "kairos", &PINNED)
 }
 
 /// The `kairosctl` binary, built on first use like [`kairos_bin`].
 pub fn kairosctl_bin() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    workspace_bin("KAIROSCTL_BIN", "kairos-client", "kairosctl", &BUILT)
+    static PINNED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    workspace_bin("KAIROSCTL_BIN", "kairos-client", "kairosctl", &PINNED)
 }
 
-fn workspace_bin(env: &str, package: &str, bin: &str, built: &std::sync::Once) -> PathBuf {
+/// Builds `bin` once per test process and returns a private hard link to
+/// it: another test process's `cargo build` may replace `target/<profile>/<bin>`
+/// while this one starts nodes, but never the inode this link holds.
+fn workspace_bin(
+    env: &str,
+    package: &str,
+    bin: &str,
+    pinned: &std::sync::OnceLock<PathBuf>,
+) -> PathBuf {
     if let Ok(p) = std::env::var(env) {
         return PathBuf::from(p);
     }
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    built.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", package, "--bin", bin]);
-        // The variables cargo sets for this test's own package: build scripts
-        // that watch them (ring watches CARGO_MANIFEST_DIR) would rebuild.
-        for (k, _) in std::env::vars() {
-            if k.starts_with("CARGO_PKG_")
-                || [
-                    "CARGO_MANIFEST_DIR",
-                    "CARGO_MANIFEST_PATH",
-                    "CARGO_CRATE_NAME",
-                    "CARGO_PRIMARY_PACKAGE",
-                    "CARGO_TARGET_TMPDIR",
-                ]
-                .contains(&k.as_str())
-            {
-                cmd.env_remove(k);
-            }
+    pinned
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("current exe");
+            let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+            build_bin(dir, package, bin);
+            let links = dir.join("test-bins");
+            std::fs::create_dir_all(&links).expect("test-bins dir");
+            remove_dead_links(&links);
+            let link = links.join(format!("{bin}-{}", std::process::id()));
+            let _ = std::fs::remove_file(&link);
+            std::fs::hard_link(dir.join(bin), &link)
+                .or_else(|_| std::fs::copy(dir.join(bin), &link).map(|_| ()))
+                .expect("pin the binary");
+            link
+        })
+        .clone()
+}
+
+/// Links of test processes that are gone (`<bin>-<pid>` with no such pid).
+fn remove_dead_links(links: &std::path::Path) {
+    for e in std::fs::read_dir(links).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .rsplit_once('-')
+            .and_then(|(_, p)| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = std::fs::remove_file(e.path());
         }
-        if profile == "release" {
-            cmd.arg("--release");
+    }
+}
+
+fn build_bin(dir: &std::path::Path, package: &str, bin: &str) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-q", "-p", package, "--bin", bin]);
+    if profile == "release" {
+        cmd.arg("--release");
+    }
+    // The variables cargo sets for this test's own package: build scripts
+    // that watch them (ring watches CARGO_MANIFEST_DIR) would rebuild.
+    for (k, _) in std::env::vars() {
+        let own = [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+        ];
+        if k.starts_with("CARGO_PKG_") || own.contains(&k.as_str()) {
+            cmd.env_remove(k);
         }
-        let status = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building the {bin} binary failed");
-    });
-    dir.join(bin)
+    }
+    let status = cmd
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building the {bin} binary failed");
 }
 
 fn free_port() -> u16 {

@@ -1,6 +1,8 @@
 //! `kairos playground --nodes N`: a local cluster of child processes with
 //! temporary data directories, a demo job and a built-in worker that prints
-//! every fire, until Ctrl-C.
+//! every fire, until Ctrl-C. It runs the way production should: certificates
+//! from `certs init` on both listeners and an admin token, and it prints the
+//! environment that points `kairosctl` at it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -8,7 +10,7 @@ use std::time::Duration;
 
 use clap::Args;
 use kairos_client::worker::{now_ms, Outcome, Task, Worker};
-use kairos_client::{pb, Client};
+use kairos_client::{pb, Client, Security};
 
 #[derive(Args)]
 pub struct PlaygroundArgs {
@@ -47,6 +49,23 @@ pub async fn run(a: PlaygroundArgs) -> anyhow::Result<()> {
         .collect();
     let exe = std::env::current_exe()?;
     let mut children = Children(Vec::new(), dir.clone());
+    let certs = dir.join("certs");
+    kairos_server::tls::init(&certs, a.nodes, &[])?;
+    let token = {
+        use rand::RngCore;
+        let mut b = [0u8; 24];
+        rand::rngs::OsRng.fill_bytes(&mut b);
+        format!(
+            "playground-{}",
+            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+        )
+    };
+    let token_file = dir.join("admin.token");
+    std::fs::write(&token_file, format!("{token}\n"))?;
+    let security = Security {
+        ca_pem: Some(std::fs::read(certs.join(kairos_server::tls::CA_CERT))?),
+        token: Some(token.clone()),
+    };
     for (i, addr) in addrs.iter().enumerate() {
         let id = i + 1;
         let log = std::fs::File::create({
@@ -63,6 +82,10 @@ pub async fn run(a: PlaygroundArgs) -> anyhow::Result<()> {
             .arg("--data-dir")
             .arg(dir.join(format!("node{id}")))
             .args(["--peers", &peers.join(",")])
+            .arg("--tls-dir")
+            .arg(&certs)
+            .arg("--auth-token-file")
+            .arg(&token_file)
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)
@@ -75,12 +98,18 @@ pub async fn run(a: PlaygroundArgs) -> anyhow::Result<()> {
         addrs.join(", "),
         dir.display()
     );
-    let client = Client::new(addrs.clone()).with_retry_for(Duration::from_secs(30));
+    let client = Client::new(addrs.clone())
+        .with_retry_for(Duration::from_secs(30))
+        .with_security(security.clone());
+    // Until the first admin token is committed, calls are refused: keep asking.
     let leader = loop {
-        match client.status().await?.leader {
-            0 => tokio::time::sleep(Duration::from_millis(100)).await,
-            l => break l,
+        match client.status().await {
+            Ok(s) if s.leader != 0 => break s.leader,
+            Ok(_) => {}
+            Err(e) if e.code() == tonic::Code::Unauthenticated => {}
+            Err(e) => return Err(e.into()),
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     println!("leader: node {leader}");
     let spec = pb::JobSpec {
@@ -99,11 +128,23 @@ pub async fn run(a: PlaygroundArgs) -> anyhow::Result<()> {
             async move { j.create_job(r).await }
         })
         .await?;
-    println!("created job \"demo\" firing every {} ms in group \"demo\"; try: kairosctl --endpoints {} runs list --job demo", a.every_ms, addrs.join(","));
+    println!(
+        "created job \"demo\" firing every {} ms in group \"demo\"",
+        a.every_ms
+    );
+    println!("TLS and tokens are on. To use kairosctl against this cluster:");
+    println!("  export KAIROS_ENDPOINTS={}", addrs.join(","));
+    println!(
+        "  export KAIROS_CA={}",
+        certs.join(kairos_server::tls::CA_CERT).display()
+    );
+    println!("  export KAIROS_TOKEN={token}");
+    println!("  kairosctl runs list --job demo");
     println!("kill a node (see `kairosctl cluster status`) and watch the fires go on. Ctrl-C stops everything.");
     let worker = Worker::connect(addrs, "demo")
         .capacity(4)
-        .id("playground-worker");
+        .id("playground-worker")
+        .security(security);
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
