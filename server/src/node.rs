@@ -115,12 +115,15 @@ impl Config {
             election_timeout_max: self.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs),
             max_in_snapshot_log_to_keep: self.keep_logs,
-            max_payload_entries: 64,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
             ..Default::default()
         };
         Ok(c.validate()?)
     }
 }
+
+/// Entries per AppendEntries (each at most `limits::ENTRY_MAX_BYTES`).
+const MAX_PAYLOAD_ENTRIES: u64 = 64;
 
 /// Why a proposal did not produce a response.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -312,20 +315,43 @@ impl Node {
 }
 
 /// Drains up to `max` queued items after the first, so one log entry carries many.
-async fn next_batch<T>(rx: &mut mpsc::Receiver<T>, max: usize) -> Option<Vec<T>> {
-    let first = rx.recv().await?;
+/// Takes the next batch: what is queued, up to `max` items and
+/// `limits::ENTRY_MAX_BYTES` of their `size`. An item that would overflow
+/// the bytes waits in `carry` for the next batch; a batch always has one item.
+async fn next_batch<T>(
+    rx: &mut mpsc::Receiver<T>,
+    carry: &mut Option<T>,
+    max: usize,
+    size: impl Fn(&T) -> usize,
+) -> Option<Vec<T>> {
+    let first = match carry.take() {
+        Some(x) => x,
+        None => rx.recv().await?,
+    };
+    let mut bytes = size(&first);
     let mut batch = vec![first];
     while batch.len() < max {
-        match rx.try_recv() {
-            Ok(x) => batch.push(x),
-            Err(_) => break,
+        let Ok(x) = rx.try_recv() else { break };
+        bytes = bytes.saturating_add(size(&x));
+        if bytes > limits::ENTRY_MAX_BYTES {
+            *carry = Some(x);
+            break;
         }
+        batch.push(x);
     }
     Some(batch)
 }
 
+/// Bytes a finish report adds to a log entry (its strings and result, plus the fixed fields).
+fn finish_bytes(item: &FinishItem) -> usize {
+    let r = &item.0;
+    r.result.len() + r.error.len() + r.worker.len() + r.run.job.len() + 64
+}
+
 async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
-    while let Some(batch) = next_batch(&mut rx, limits::FINISH_BATCH_MAX).await {
+    let mut carry = None;
+    let size = |h: &Handed| h.run.job.len() + h.worker.len() + 32;
+    while let Some(batch) = next_batch(&mut rx, &mut carry, limits::FINISH_BATCH_MAX, size).await {
         let assignments = batch
             .into_iter()
             .map(|h| (h.run, h.attempt, h.worker))
@@ -346,16 +372,18 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
 async fn in_batches<T, Fut>(
     mut rx: mpsc::Receiver<T>,
     max: usize,
+    size: impl Fn(&T) -> usize,
     mut handle: impl FnMut(Vec<T>) -> Fut,
 ) where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
+    let mut carry = None;
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let Some(batch) = next_batch(&mut rx, max).await else {
+        let Some(batch) = next_batch(&mut rx, &mut carry, max, &size).await else {
             return;
         };
         let work = handle(batch);
@@ -368,7 +396,7 @@ async fn in_batches<T, Fut>(
 
 async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
     use rand::Rng;
-    in_batches(rx, limits::FINISH_BATCH_MAX, |batch| {
+    in_batches(rx, limits::FINISH_BATCH_MAX, finish_bytes, |batch| {
         let (mut reports, waiters): (Vec<FinishReport>, Vec<_>) = batch.into_iter().unzip();
         let mut rng = rand::thread_rng();
         for r in &mut reports {
@@ -408,7 +436,9 @@ async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
 }
 
 async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
-    in_batches(rx, limits::PROPOSAL_BATCH_MAX, |batch| {
+    // A command's encoded size: exact, and cheap next to replicating it.
+    let size = |item: &ProposalItem| crate::core::codec::encode(&item.0).len();
+    in_batches(rx, limits::PROPOSAL_BATCH_MAX, size, |batch| {
         let node = node.clone();
         async move { propose_batch(&node, batch).await }
     })
@@ -643,5 +673,52 @@ async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
         if rx.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The peer message cap must hold a full AppendEntries of maximal entries.
+    const _: () = assert!(
+        MAX_PAYLOAD_ENTRIES as usize * limits::ENTRY_MAX_BYTES
+            < crate::core::codec::DECODE_LIMIT_BYTES
+    );
+
+    #[tokio::test]
+    async fn batches_are_cut_by_bytes_and_the_overflowing_item_leads_the_next() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mb = limits::ENTRY_MAX_BYTES;
+        for size in [mb / 2, mb / 2, 1, mb * 2, 7] {
+            tx.send(size).await.unwrap();
+        }
+        drop(tx);
+        let mut carry = None;
+        let mut batches = Vec::new();
+        while let Some(b) = next_batch(&mut rx, &mut carry, 100, |x: &usize| *x).await {
+            batches.push(b);
+        }
+        // An item larger than the cap still goes, alone.
+        assert_eq!(
+            batches,
+            vec![vec![mb / 2, mb / 2], vec![1], vec![mb * 2], vec![7]]
+        );
+    }
+
+    #[tokio::test]
+    async fn batches_are_cut_by_count() {
+        let (tx, mut rx) = mpsc::channel(16);
+        for i in 0..5usize {
+            tx.send(i).await.unwrap();
+        }
+        drop(tx);
+        let mut carry = None;
+        let first = next_batch(&mut rx, &mut carry, 3, |_: &usize| 1).await;
+        assert_eq!(first, Some(vec![0, 1, 2]));
+        assert_eq!(
+            next_batch(&mut rx, &mut carry, 3, |_: &usize| 1).await,
+            Some(vec![3, 4])
+        );
     }
 }

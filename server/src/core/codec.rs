@@ -12,8 +12,10 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
         .expect("bincode encode of plain data")
 }
 
-/// Upper bound on what one decode may claim (and on a peer message's size).
-pub const DECODE_LIMIT_BYTES: usize = 64 << 20;
+/// Upper bound on what one decode may claim (and on a peer message's size):
+/// an AppendEntries of 64 entries of at most `limits::ENTRY_MAX_BYTES` each,
+/// with room to spare.
+pub const DECODE_LIMIT_BYTES: usize = 96 << 20;
 
 pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, bincode::error::DecodeError> {
     let config = bincode::config::standard().with_limit::<DECODE_LIMIT_BYTES>();

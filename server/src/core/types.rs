@@ -20,7 +20,13 @@ pub mod limits {
     pub const EXPIRE_BATCH_MAX: usize = 4096;
     /// Client commands grouped into one log entry.
     pub const PROPOSAL_BATCH_MAX: usize = 1024;
+    /// Bytes of one grouped log entry (client commands, finishes, assigns):
+    /// a batch is cut when the next item would pass it. With openraft's 64
+    /// entries per AppendEntries this keeps a peer message under its cap.
+    pub const ENTRY_MAX_BYTES: usize = 1 << 20;
     pub const PAGE_SIZE_MAX: usize = 1000;
+    /// Bytes of run results, errors and notes in one ListRuns page.
+    pub const LIST_PAGE_MAX_BYTES: usize = 4 << 20;
     pub const PAGE_SIZE_DEFAULT: usize = 100;
     pub const PREVIEW_MAX: usize = 1000;
     pub const MAX_ATTEMPTS_MAX: u32 = 100;

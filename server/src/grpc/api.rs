@@ -226,8 +226,15 @@ impl pb::runs_server::Runs for Api {
         let n = page_size(r.page_size)?;
         let after = (r.after_scheduled_at_ms != 0 || r.after_shard != 0)
             .then(|| RunId::shard(&r.job, r.after_scheduled_at_ms, r.after_shard));
-        let runs = query::runs_after(&self.node.sm.view(), &r.job, after.as_ref(), n);
-        let next = runs.last().filter(|_| runs.len() == n).map(|r| &r.id);
+        let mut runs = query::runs_after(&self.node.sm.view(), &r.job, after.as_ref(), n);
+        // A page is also cut by bytes (results are up to 512 KiB each).
+        let fits = page_prefix_within(&runs, limits::LIST_PAGE_MAX_BYTES);
+        let cut = fits < runs.len();
+        runs.truncate(fits);
+        let next = runs
+            .last()
+            .filter(|_| cut || runs.len() == n)
+            .map(|r| &r.id);
         Ok(Response::new(pb::ListRunsResponse {
             next_after_scheduled_at_ms: next.map_or(0, |id| id.scheduled_at_ms),
             next_after_shard: next.map_or(0, |id| id.shard),
@@ -419,5 +426,54 @@ fn token_out(t: &Token) -> pb::TokenInfo {
         role: t.role.as_str().to_string(),
         groups: t.groups.clone(),
         created_at_ms: t.created_at_ms,
+    }
+}
+
+/// How many leading runs fit in `max_bytes` of results, errors and notes
+/// (at least one, so a page always makes progress).
+fn page_prefix_within(runs: &[crate::core::Run], max_bytes: usize) -> usize {
+    let mut bytes = 0usize;
+    let over = runs.iter().position(|r| {
+        bytes = bytes.saturating_add(r.result.len() + r.error.len() + r.note.len() + 256);
+        bytes > max_bytes
+    });
+    over.map_or(runs.len(), |i| i.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Run, RunState};
+
+    fn run_with_result(bytes: usize) -> Run {
+        Run {
+            id: RunId::new("j", 1),
+            group: "g".into(),
+            priority: 5,
+            fired_at_ms: 0,
+            state: RunState::Succeeded,
+            attempt: 1,
+            worker: String::new(),
+            received_at_ms: 0,
+            finished_at_ms: 0,
+            result: vec![b'x'; bytes],
+            error: String::new(),
+            note: String::new(),
+            retry_at_ms: None,
+            shard_count: 1,
+        }
+    }
+
+    #[test]
+    fn a_page_is_cut_by_bytes_but_always_holds_one_run() {
+        let runs: Vec<Run> = (0..10).map(|_| run_with_result(500 * 1024)).collect();
+        let fit = page_prefix_within(&runs, limits::LIST_PAGE_MAX_BYTES);
+        assert_eq!(fit, 8, "8 results of 500 KiB fit in 4 MiB, 9 do not");
+        assert_eq!(
+            page_prefix_within(&runs[..3], limits::LIST_PAGE_MAX_BYTES),
+            3
+        );
+        assert_eq!(page_prefix_within(&[run_with_result(8 << 20)], 1024), 1);
+        assert_eq!(page_prefix_within(&[], 1024), 0);
     }
 }

@@ -255,7 +255,8 @@ async fn finish(node: &Node, worker: &str, f: &pb::Finish) -> pb::FinishAck {
         attempt: f.attempt,
         success: f.success,
         result: f.result.clone(),
-        error: f.error.clone(),
+        // Trimmed here, so an oversized error never reaches the log.
+        error: trim_utf8(&f.error, limits::ERROR_MAX_BYTES).to_string(),
         retryable: f.retryable,
         worker: worker.to_string(),
         received_at_ms: f.received_at_ms,
@@ -270,5 +271,28 @@ async fn finish(node: &Node, worker: &str, f: &pb::Finish) -> pb::FinishAck {
             error: String::new(),
         },
         Err(e) => refuse(e.to_string()),
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn trim_utf8(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trim_utf8;
+
+    #[test]
+    fn worker_errors_are_trimmed_on_a_character_boundary() {
+        assert_eq!(trim_utf8("abc", 10), "abc");
+        assert_eq!(trim_utf8("abcdef", 4), "abcd");
+        // "é" is two bytes: cutting inside it keeps the character out.
+        assert_eq!(trim_utf8("aé", 2), "a");
+        assert_eq!(trim_utf8(&"x".repeat(100_000), 4096).len(), 4096);
     }
 }
