@@ -24,6 +24,9 @@ pub const LOCAL_HEADER: &str = "x-kairos-local";
 
 /// Metadata key carrying `Bearer <token>`.
 pub const AUTH_HEADER: &str = "authorization";
+/// Metadata key carrying the id of one logical call: every retry of it
+/// sends the same id, and the cluster applies a write at most once per id.
+pub const REQUEST_ID_HEADER: &str = "x-kairos-request-id";
 
 #[derive(Clone)]
 pub struct Client {
@@ -66,7 +69,7 @@ impl Security {
 
     /// The interceptor that adds the token to every request.
     pub fn auth(&self) -> Result<Auth, Status> {
-        let value = match &self.token {
+        let token = match &self.token {
             Some(t) => Some(
                 format!("Bearer {t}")
                     .parse::<AsciiMetadataValue>()
@@ -74,21 +77,61 @@ impl Security {
             ),
             None => None,
         };
-        Ok(Auth(value))
+        Ok(Auth {
+            token,
+            request_id: None,
+        })
     }
 }
 
-/// Adds `authorization: Bearer <token>` to each request (nothing without a token).
+/// Adds `authorization: Bearer <token>` (if there is a token) and the
+/// call's request id (if it has one) to each request.
 #[derive(Clone)]
-pub struct Auth(Option<AsciiMetadataValue>);
+pub struct Auth {
+    token: Option<AsciiMetadataValue>,
+    request_id: Option<AsciiMetadataValue>,
+}
+
+impl Auth {
+    /// The same, tagging requests with `id` (one logical call, all its retries).
+    pub fn with_request_id(mut self, id: &str) -> Self {
+        self.request_id = id.parse().ok();
+        self
+    }
+}
 
 impl tonic::service::Interceptor for Auth {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(v) = &self.0 {
+        if let Some(v) = &self.token {
             req.metadata_mut().insert(AUTH_HEADER, v.clone());
+        }
+        if let Some(v) = &self.request_id {
+            req.metadata_mut().insert(REQUEST_ID_HEADER, v.clone());
         }
         Ok(req)
     }
+}
+
+/// A fresh request id, unique per call: two randomly keyed SipHashes of the
+/// time, the process id and a counter, as 32 hex digits.
+pub fn new_request_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // Two independently keyed SipHashes of the time and a counter: unique
+    // per process and unpredictable enough for an idempotency key.
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let half = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(now);
+        h.write_u64(n);
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
 }
 
 /// A channel whose requests carry the token.
@@ -220,7 +263,14 @@ impl Client {
 
     /// A channel to `addr` whose requests carry this client's token.
     pub fn channel_to(&self, addr: &str) -> Result<AuthChannel, Status> {
-        let auth = self.inner.security.auth()?;
+        self.channel_tagged(addr, None)
+    }
+
+    fn channel_tagged(&self, addr: &str, request_id: Option<&str>) -> Result<AuthChannel, Status> {
+        let mut auth = self.inner.security.auth()?;
+        if let Some(id) = request_id {
+            auth = auth.with_request_id(id);
+        }
         let mut map = self
             .inner
             .channels
@@ -243,11 +293,14 @@ impl Client {
     {
         let deadline = Instant::now() + self.inner.retry_for;
         let mut attempt = 0u32;
+        // One id for the call and all its retries: a write whose response
+        // was lost is not applied again when retried.
+        let request_id = new_request_id();
         loop {
             let addr = self
                 .current()
                 .ok_or_else(|| Status::invalid_argument("endpoints: none given"))?;
-            let err = match f(self.channel_to(&addr)?).await {
+            let err = match f(self.channel_tagged(&addr, Some(&request_id))?).await {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(e) => e,
             };

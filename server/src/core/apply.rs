@@ -85,6 +85,7 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::RetryRun { now_ms, .. }
         | Command::PutToken { now_ms, .. }
         | Command::RevokeToken { now_ms, .. } => *now_ms,
+        Command::Dedup { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
     }
@@ -185,6 +186,10 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 self.put_token(token, *first).map(Response::Token)
             }
             Command::RevokeToken { name, .. } => self.revoke_token(name).map(Response::Deleted),
+            Command::Dedup {
+                request_id,
+                command,
+            } => self.dedup(request_id, command),
             Command::Batch { .. } => Err(CommandError::Invalid(
                 "commands: batches do not nest".into(),
             )),
@@ -217,6 +222,52 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 .map_or(1, |(_, n)| *n)
                 .clamp(1, limits::BROADCAST_MAX),
         }
+    }
+
+    // ------------------------------------------------------------ request ids
+
+    /// Applies `cmd` once per request id: a repeat gets the first response.
+    /// Only successes are remembered (a refusal writes nothing, so a retry
+    /// is simply judged again).
+    fn dedup(&mut self, id: &str, cmd: &'a Command) -> Result<Response, CommandError> {
+        validate::request_id(id)?;
+        if matches!(cmd, Command::Dedup { .. } | Command::Batch { .. }) {
+            return Err(CommandError::Invalid(
+                "command: a request id wraps one plain command".into(),
+            ));
+        }
+        if let Some(first) = get::<Response, _>(&self.o, &keys::dedup(id)) {
+            return Ok(first);
+        }
+        let response = self.run(cmd)?;
+        self.put(keys::dedup(id), &response.kept());
+        self.o.put(keys::dedup_order(self.now, id), Vec::new());
+        let count: u64 = get(&self.o, keys::META_DEDUP_COUNT).unwrap_or(0);
+        let count = self.evict_dedup(count.saturating_add(1));
+        self.put(keys::META_DEDUP_COUNT.to_vec(), &count);
+        Ok(response)
+    }
+
+    /// Drops the oldest entries while over the count or past the TTL, a
+    /// bounded number per command. Returns the new count.
+    fn evict_dedup(&mut self, mut count: u64) -> u64 {
+        let oldest = self.o.range(
+            &[keys::DEDUP_ORDER],
+            &[keys::DEDUP_ORDER + 1],
+            limits::DEDUP_EVICT_PER_COMMAND,
+        );
+        for (k, _) in oldest {
+            let at = keys::time_from(&k[1..]).unwrap_or(i64::MIN);
+            let expired = at < self.now.saturating_sub(limits::DEDUP_TTL_MS);
+            if count <= limits::DEDUP_MAX && !expired {
+                break;
+            }
+            let id = String::from_utf8_lossy(&k[9..]).into_owned();
+            self.o.delete(k);
+            self.o.delete(keys::dedup(&id));
+            count = count.saturating_sub(1);
+        }
+        count
     }
 
     // ------------------------------------------------------------ tokens

@@ -76,6 +76,14 @@ pub enum Command {
         name: String,
         now_ms: i64,
     },
+    /// A client write with its client-chosen request id: if a command with
+    /// this id already succeeded (within the dedup window), its first
+    /// response is returned and nothing is applied again, so a retried
+    /// write after a lost response does not act twice.
+    Dedup {
+        request_id: String,
+        command: Box<Command>,
+    },
     /// Client commands grouped into one log entry (group commit). Each is
     /// applied in order as if alone: one refused command changes nothing and
     /// does not affect the others. Batches do not nest.
@@ -126,6 +134,24 @@ pub enum CommandError {
     },
     #[error("{0}")]
     FailedPrecondition(String),
+}
+
+impl Response {
+    /// The response as the dedup table keeps it: without job payloads and
+    /// run results (up to 256 and 512 KiB), so the table stays small.
+    pub fn kept(&self) -> Response {
+        match self {
+            Response::Job(j) => Response::Job(Job {
+                payload: Vec::new(),
+                ..j.clone()
+            }),
+            Response::Run(r) => Response::Run(Run {
+                result: Vec::new(),
+                ..r.clone()
+            }),
+            other => other.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

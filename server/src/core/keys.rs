@@ -13,6 +13,11 @@ pub const ACTIVE: u8 = b'a';
 /// Tokens by name, and the index from a secret's hash to the name.
 pub const TOKEN: u8 = b't';
 pub const TOKEN_HASH: u8 = b'k';
+/// Responses of recent client writes by request id, and their expiry order.
+pub const DEDUP: u8 = b'd';
+pub const DEDUP_ORDER: u8 = b'e';
+/// Number of entries in the dedup table.
+pub const META_DEDUP_COUNT: &[u8] = b"mdedup_count";
 
 /// Meta keys.
 pub const META_VERSION: &[u8] = b"mversion";
@@ -29,7 +34,8 @@ pub const META_RESTORING: &[u8] = b"mrestoring";
 /// reports in the log say whether the worker timed the attempt out.
 /// 6: snapshot files end with a SHA-256 of all their bytes, and the install
 /// marker is finished from `snapshot.recv` while that file still exists.
-/// 7: API tokens (`t`, `k` key spaces; PutToken and RevokeToken commands).
+/// 7: API tokens (`t`, `k` key spaces; PutToken and RevokeToken commands),
+/// and the request-id dedup table (`d`, `e`; the Dedup command).
 pub const STATE_VERSION: u32 = 7;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
@@ -57,6 +63,20 @@ pub fn token(name: &str) -> Vec<u8> {
 pub fn token_hash(hash: &str) -> Vec<u8> {
     let mut k = vec![TOKEN_HASH];
     k.extend_from_slice(hash.as_bytes());
+    k
+}
+
+pub fn dedup(request_id: &str) -> Vec<u8> {
+    let mut k = vec![DEDUP];
+    k.extend_from_slice(request_id.as_bytes());
+    k
+}
+
+/// Expiry order: time the entry was written, then the request id.
+pub fn dedup_order(at_ms: i64, request_id: &str) -> Vec<u8> {
+    let mut k = vec![DEDUP_ORDER];
+    k.extend_from_slice(&time_bytes(at_ms));
+    k.extend_from_slice(request_id.as_bytes());
     k
 }
 

@@ -1465,3 +1465,93 @@ fn revoking_a_token_removes_it_and_its_secret_index() {
     assert_eq!(none.response, Response::Deleted(false));
     assert_nothing_done(&none);
 }
+
+// ------------------------------------------------------------------ request ids
+
+fn dedup(id: &str, cmd: Command) -> Command {
+    Command::Dedup {
+        request_id: id.into(),
+        command: Box::new(cmd),
+    }
+}
+
+fn run_count(sim: &Sim, job: &str) -> usize {
+    query::runs_after(&sim.view, job, None, 1000).len()
+}
+
+#[test]
+fn a_retried_write_returns_the_first_response_and_acts_once() {
+    let mut sim = Sim::default();
+    sim.create(every("a", 3_600_000), T0);
+    let first = sim.exec(dedup("req-1", trigger("a", T0 + 10)));
+    assert!(
+        matches!(first.response, Response::Run(_)),
+        "{:?}",
+        first.response
+    );
+    // The response was lost; the client retries with the same id, later.
+    let again = sim.exec(dedup("req-1", trigger("a", T0 + 500)));
+    assert_eq!(again.response, first.response.kept());
+    assert_eq!(
+        state_writes(&again),
+        Vec::<&Write>::new(),
+        "nothing applied twice"
+    );
+    assert_eq!(run_count(&sim, "a"), 1);
+    // Another request is another trigger.
+    sim.exec(dedup("req-2", trigger("a", T0 + 600)));
+    assert_eq!(run_count(&sim, "a"), 2);
+}
+
+#[test]
+fn a_refused_write_is_not_remembered_and_bad_ids_are_refused() {
+    let mut sim = Sim::default();
+    let refused = sim.exec(dedup("req-1", trigger("later", T0)));
+    assert!(matches!(
+        refused.response,
+        Response::Error(CommandError::NotFound(_))
+    ));
+    assert_nothing_done(&refused);
+    sim.create(every("later", 3_600_000), T0);
+    let ok = sim.exec(dedup("req-1", trigger("later", T0 + 1)));
+    assert!(
+        matches!(ok.response, Response::Run(_)),
+        "judged again: {:?}",
+        ok.response
+    );
+
+    for (id, want) in [
+        ("", "request_id: 1 to 64 bytes, got 0"),
+        ("has space", "request_id: character ' ' not allowed"),
+    ] {
+        let a = sim.exec(dedup(id, trigger("later", T0 + 2)));
+        assert!(invalid_msg(&a).starts_with(want), "{:?}", a.response);
+        assert_nothing_done(&a);
+    }
+    let nested = sim.exec(dedup("x", dedup("y", trigger("later", T0 + 3))));
+    assert!(invalid_msg(&nested).contains("wraps one plain command"));
+}
+
+#[test]
+fn remembered_ids_expire_by_age_a_few_per_command() {
+    let mut sim = Sim::default();
+    sim.create(every("a", 3_600_000), T0);
+    for i in 0..20 {
+        sim.exec(dedup(&format!("old-{i}"), trigger("a", T0 + i)));
+    }
+    let count = |sim: &Sim| -> u64 {
+        decode(&sim.view.get(keys::META_DEDUP_COUNT).expect("a count")).unwrap()
+    };
+    assert_eq!(count(&sim), 20);
+    // Past the TTL each new id removes up to DEDUP_EVICT_PER_COMMAND old ones.
+    let later = T0 + limits::DEDUP_TTL_MS + 1_000;
+    sim.exec(dedup("new-1", trigger("a", later)));
+    assert_eq!(count(&sim), 20 + 1 - limits::DEDUP_EVICT_PER_COMMAND as u64);
+    sim.exec(dedup("new-2", trigger("a", later + 1)));
+    sim.exec(dedup("new-3", trigger("a", later + 2)));
+    assert_eq!(count(&sim), 3, "all 20 old ids are gone");
+    assert!(sim.view.get(&keys::dedup("old-0")).is_none());
+    // An expired id is a new request again.
+    let a = sim.exec(dedup("old-0", trigger("a", later + 3)));
+    assert!(!state_writes(&a).is_empty());
+}

@@ -47,6 +47,13 @@ pub mod limits {
     /// is recorded skipped, and a manual retry is refused; so cancelling a
     /// job's runs (delete, `replace`) touches at most this many.
     pub const ACTIVE_RUNS_MAX: u32 = 4096;
+    /// Request ids remembered for deduplication: at most this many, and
+    /// none older than `DEDUP_TTL_MS` of state time. Expired ones are
+    /// removed `DEDUP_EVICT_PER_COMMAND` at a time as new ones arrive.
+    pub const DEDUP_MAX: u64 = 10_000;
+    pub const DEDUP_TTL_MS: i64 = 10 * 60 * 1000;
+    pub const DEDUP_EVICT_PER_COMMAND: usize = 8;
+    pub const REQUEST_ID_MAX_BYTES: usize = 64;
     /// Tokens the cluster holds.
     pub const TOKENS_MAX: usize = 1000;
     /// Groups a worker token may name.

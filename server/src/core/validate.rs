@@ -333,3 +333,23 @@ pub fn token(t: &Token) -> Result<(), CommandError> {
     }
     Ok(())
 }
+
+/// A client request id: 1 to 64 bytes of `A-Z a-z 0-9 - _`.
+pub fn request_id(id: &str) -> Result<(), CommandError> {
+    if id.is_empty() || id.len() > limits::REQUEST_ID_MAX_BYTES {
+        return Err(invalid(format!(
+            "request_id: 1 to {} bytes, got {}",
+            limits::REQUEST_ID_MAX_BYTES,
+            id.len()
+        )));
+    }
+    match id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+    {
+        Some(c) => Err(invalid(format!(
+            "request_id: character {c:?} not allowed (use A-Z a-z 0-9 - _)"
+        ))),
+        None => Ok(()),
+    }
+}

@@ -21,18 +21,37 @@ pub struct Api {
 }
 
 /// Admits the call if the caller may do `$need`, then serves it on the
-/// leader or forwards it there unchanged (with the caller's token).
+/// leader or forwards it there unchanged (with the caller's token and request
+/// id). Evaluates to the request id, for writes.
 macro_rules! forward {
-    ($self:ident, $req:ident, $need:expr, $client:ident, $method:ident) => {
+    ($self:ident, $req:ident, $need:expr, $client:ident, $method:ident) => {{
         authorize(&$self.node, &$req, $need)?;
         if let Some(ch) = route(&$self.node, &$req)? {
             return $client::new(ch).$method(forwarded($req)).await;
         }
-    };
+        request_id(&$req)
+    }};
+}
+
+/// The client's request id (`x-kairos-request-id`), if it sent one.
+fn request_id<T>(req: &Request<T>) -> Option<String> {
+    let v = req.metadata().get(kairos_client::REQUEST_ID_HEADER)?;
+    Some(v.to_str().ok()?.to_string())
 }
 
 impl Api {
-    async fn write(&self, cmd: Command) -> Result<R, Status> {
+    /// Proposes a client write; with a request id it is applied at most once.
+    async fn write(&self, request_id: Option<String>, cmd: Command) -> Result<R, Status> {
+        let cmd = match request_id {
+            Some(request_id) => {
+                validate::request_id(&request_id).map_err(error::command)?;
+                Command::Dedup {
+                    request_id,
+                    command: Box::new(cmd),
+                }
+            }
+            None => cmd,
+        };
         match self
             .node
             .propose_grouped(cmd)
@@ -44,8 +63,12 @@ impl Api {
         }
     }
 
-    async fn write_job(&self, cmd: Command) -> Result<Response<pb::Job>, Status> {
-        match self.write(cmd).await? {
+    async fn write_job(
+        &self,
+        rid: Option<String>,
+        cmd: Command,
+    ) -> Result<Response<pb::Job>, Status> {
+        match self.write(rid, cmd).await? {
             R::Job(j) => Ok(Response::new(job_out(&j))),
             other => Err(Status::internal(format!("unexpected response {other:?}"))),
         }
@@ -62,28 +85,32 @@ impl pb::jobs_server::Jobs for Api {
         &self,
         req: Request<pb::CreateJobRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, Need::Write, JobsClient, create_job);
+        let rid = forward!(self, req, Need::Write, JobsClient, create_job);
         let spec = spec_in(req.into_inner().spec)?;
         let now_ms = self.node.clock.now_ms();
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
-        self.write_job(Command::CreateJob { spec, now_ms }).await
+        self.write_job(rid, Command::CreateJob { spec, now_ms })
+            .await
     }
 
     async fn update_job(
         &self,
         req: Request<pb::UpdateJobRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, Need::Write, JobsClient, update_job);
+        let rid = forward!(self, req, Need::Write, JobsClient, update_job);
         let r = req.into_inner();
         let spec = spec_in(r.spec)?;
         let now_ms = self.node.clock.now_ms();
         // The schedule is checked in apply, which knows whether it changed.
         validate::job_spec_with(&spec, now_ms, false).map_err(error::command)?;
-        self.write_job(Command::UpdateJob {
-            spec,
-            expected_revision: r.expected_revision,
-            now_ms,
-        })
+        self.write_job(
+            rid,
+            Command::UpdateJob {
+                spec,
+                expected_revision: r.expected_revision,
+                now_ms,
+            },
+        )
         .await
     }
 
@@ -124,14 +151,17 @@ impl pb::jobs_server::Jobs for Api {
         &self,
         req: Request<pb::JobRef>,
     ) -> Result<Response<pb::DeleteJobResponse>, Status> {
-        forward!(self, req, Need::Write, JobsClient, delete_job);
+        let rid = forward!(self, req, Need::Write, JobsClient, delete_job);
         let id = req.into_inner().id;
         Self::job_id(&id)?;
         match self
-            .write(Command::DeleteJob {
-                id,
-                now_ms: self.node.clock.now_ms(),
-            })
+            .write(
+                rid,
+                Command::DeleteJob {
+                    id,
+                    now_ms: self.node.clock.now_ms(),
+                },
+            )
             .await?
         {
             R::Deleted(deleted) => Ok(Response::new(pb::DeleteJobResponse { deleted })),
@@ -140,37 +170,46 @@ impl pb::jobs_server::Jobs for Api {
     }
 
     async fn pause_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, Need::Write, JobsClient, pause_job);
+        let rid = forward!(self, req, Need::Write, JobsClient, pause_job);
         let id = req.into_inner().id;
         Self::job_id(&id)?;
-        self.write_job(Command::PauseJob {
-            id,
-            now_ms: self.node.clock.now_ms(),
-        })
+        self.write_job(
+            rid,
+            Command::PauseJob {
+                id,
+                now_ms: self.node.clock.now_ms(),
+            },
+        )
         .await
     }
 
     async fn resume_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
-        forward!(self, req, Need::Write, JobsClient, resume_job);
+        let rid = forward!(self, req, Need::Write, JobsClient, resume_job);
         let id = req.into_inner().id;
         Self::job_id(&id)?;
-        self.write_job(Command::ResumeJob {
-            id,
-            now_ms: self.node.clock.now_ms(),
-        })
+        self.write_job(
+            rid,
+            Command::ResumeJob {
+                id,
+                now_ms: self.node.clock.now_ms(),
+            },
+        )
         .await
     }
 
     async fn trigger_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Run>, Status> {
-        forward!(self, req, Need::Write, JobsClient, trigger_job);
+        let rid = forward!(self, req, Need::Write, JobsClient, trigger_job);
         let id = req.into_inner().id;
         Self::job_id(&id)?;
         match self
-            .write(Command::TriggerJob {
-                id,
-                now_ms: self.node.clock.now_ms(),
-                widths: self.node.dispatcher.widths(),
-            })
+            .write(
+                rid,
+                Command::TriggerJob {
+                    id,
+                    now_ms: self.node.clock.now_ms(),
+                    widths: self.node.dispatcher.widths(),
+                },
+            )
             .await?
         {
             R::Run(run) => Ok(Response::new(run_out(&run))),
@@ -256,13 +295,13 @@ impl pb::runs_server::Runs for Api {
     }
 
     async fn retry_run(&self, req: Request<pb::RunRef>) -> Result<Response<pb::Run>, Status> {
-        forward!(self, req, Need::Write, RunsClient, retry_run);
+        let rid = forward!(self, req, Need::Write, RunsClient, retry_run);
         let run = parse_run_id(&req.into_inner().run_id)?;
         let cmd = Command::RetryRun {
             run,
             now_ms: self.node.clock.now_ms(),
         };
-        match self.write(cmd).await? {
+        match self.write(rid, cmd).await? {
             R::Run(run) => Ok(Response::new(run_out(&run))),
             other => Err(Status::internal(format!("unexpected response {other:?}"))),
         }
@@ -286,7 +325,7 @@ impl pb::cluster_server::Cluster for Api {
         &self,
         req: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
-        forward!(self, req, Need::Admin, ClusterClient, create_token);
+        let rid = forward!(self, req, Need::Admin, ClusterClient, create_token);
         let r = req.into_inner();
         let role = Role::parse(&r.role).ok_or_else(|| {
             Status::invalid_argument(format!(
@@ -305,11 +344,14 @@ impl pb::cluster_server::Cluster for Api {
         validate::token(&token).map_err(error::command)?;
         let now_ms = self.node.clock.now_ms();
         match self
-            .write(Command::PutToken {
-                token,
-                first: false,
-                now_ms,
-            })
+            .write(
+                rid,
+                Command::PutToken {
+                    token,
+                    first: false,
+                    now_ms,
+                },
+            )
             .await?
         {
             R::Token(t) => Ok(Response::new(pb::CreateTokenResponse {
@@ -334,11 +376,14 @@ impl pb::cluster_server::Cluster for Api {
         &self,
         req: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
-        forward!(self, req, Need::Admin, ClusterClient, revoke_token);
+        let rid = forward!(self, req, Need::Admin, ClusterClient, revoke_token);
         let name = req.into_inner().name;
         validate::name("name", &name, limits::ID_MAX_BYTES).map_err(error::command)?;
         let now_ms = self.node.clock.now_ms();
-        match self.write(Command::RevokeToken { name, now_ms }).await? {
+        match self
+            .write(rid, Command::RevokeToken { name, now_ms })
+            .await?
+        {
             R::Deleted(revoked) => Ok(Response::new(pb::RevokeTokenResponse { revoked })),
             other => Err(Status::internal(format!("unexpected response {other:?}"))),
         }

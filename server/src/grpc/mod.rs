@@ -132,10 +132,16 @@ pub fn route<T>(node: &Node, req: &Request<T>) -> Result<Option<Channel>, Status
 /// Re-wraps a request for forwarding: the caller's token goes along (the
 /// leader checks it too), and the mark that it must not be forwarded again.
 pub fn forwarded<T>(req: Request<T>) -> Request<T> {
-    let token = req.metadata().get(kairos_client::AUTH_HEADER).cloned();
+    let keep = [kairos_client::AUTH_HEADER, kairos_client::REQUEST_ID_HEADER];
+    let values: Vec<_> = keep
+        .iter()
+        .map(|k| req.metadata().get(*k).cloned())
+        .collect();
     let mut r = Request::new(req.into_inner());
-    if let Some(t) = token {
-        r.metadata_mut().insert(kairos_client::AUTH_HEADER, t);
+    for (k, v) in keep.iter().zip(values) {
+        if let Some(v) = v {
+            r.metadata_mut().insert(*k, v);
+        }
     }
     r.metadata_mut().insert(
         FORWARDED_HEADER,
