@@ -167,12 +167,18 @@ pub fn channel_with(addr: &str, sec: &Security) -> Result<Channel, Status> {
         .connect_lazy())
 }
 
-/// Whether a call may be retried on another node without changing its meaning.
+/// Whether a call may be retried on another node without changing its
+/// meaning: the cluster was unavailable, or the connection failed (a write
+/// retried then is applied at most once, by its request id).
 fn retryable(s: &Status) -> bool {
+    let transport = || {
+        std::error::Error::source(s)
+            .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
+    };
     match s.code() {
         Code::Unavailable => true,
-        Code::Unknown | Code::Internal => {
-            s.message().contains("transport") || s.message().contains("connection")
+        Code::Unknown | Code::Internal | Code::Cancelled => {
+            transport() || s.message().contains("transport") || s.message().contains("connection")
         }
         _ => false,
     }

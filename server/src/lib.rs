@@ -8,6 +8,7 @@ pub mod core;
 pub mod grpc;
 pub mod http;
 pub mod leader;
+pub mod membership;
 pub mod node;
 pub mod raft;
 pub mod store;

@@ -48,6 +48,9 @@ pub struct Config {
     /// `--auth-token-file`: calls need a token, and this secret becomes the
     /// first admin of a cluster without tokens. None = development mode.
     pub auth_token: Option<String>,
+    /// `--join`: public endpoints of an existing cluster. The node never
+    /// bootstraps; it waits, empty, to be added (`cluster add-learner`).
+    pub join: Vec<String>,
 }
 
 impl Config {
@@ -76,6 +79,7 @@ impl Config {
             clock: Arc::new(SystemClock),
             tls: None,
             auth_token: None,
+            join: Vec::new(),
         }
     }
 
@@ -230,6 +234,20 @@ impl Node {
             .filter(|(id, _)| voters.contains(id))
             .map(|(id, n)| (*id, n.addr.clone()))
             .collect()
+    }
+
+    /// On the leader: how many entries each other member is behind its last log entry.
+    pub fn replication_lags(&self) -> BTreeMap<NodeId, u64> {
+        let m = self.raft.metrics().borrow().clone();
+        let last = m.last_log_index.unwrap_or(0);
+        m.replication
+            .map(|r| {
+                r.into_iter()
+                    .filter(|(id, _)| *id != self.id)
+                    .map(|(id, matched)| (id, last.saturating_sub(matched.map_or(0, |l| l.index))))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// All members (voters and learners) with their peer addresses.
@@ -629,9 +647,19 @@ pub async fn run(
         tokio::spawn(commit_finishes(node.clone(), finish_rx)),
         tokio::spawn(group_proposals(node.clone(), proposal_rx)),
         tokio::spawn(crate::leader::supervise(node.clone())),
-        tokio::spawn(bootstrap(node.clone(), config.peers.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
     ];
+    if config.join.is_empty() {
+        tasks.push(tokio::spawn(bootstrap(node.clone(), config.peers.clone())));
+    } else if !node.raft.is_initialized().await.unwrap_or(false) {
+        let peer = config.peers.get(&node.id).cloned().unwrap_or_default();
+        tracing::info!(
+            "joining: waiting to be added; run `kairosctl --endpoints {} cluster add-learner {} {peer}` (or `cluster replace OLD {} {peer}`)",
+            config.join.join(","),
+            node.id,
+            node.id
+        );
+    }
     if let Some(secret) = &config.auth_token {
         let hash = crate::grpc::auth::hash_secret(secret);
         tasks.push(tokio::spawn(bootstrap_admin(node.clone(), hash)));

@@ -105,6 +105,8 @@ fn free_port() -> u16 {
 
 pub struct NodeProc {
     pub id: u64,
+    /// Started with `--join` (waits to be added) instead of `--peers`.
+    pub joining: bool,
     pub addr: String,
     /// The peer (Raft) listener.
     pub peer: String,
@@ -180,6 +182,7 @@ impl Cluster {
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|id| NodeProc {
                 id,
+                joining: false,
                 addr: format!("127.0.0.1:{}", free_port()),
                 peer: format!("127.0.0.1:{}", free_port()),
                 http: format!("127.0.0.1:{}", free_port()),
@@ -206,10 +209,33 @@ impl Cluster {
         c
     }
 
+    /// Adds node `id` on fresh ports, started with `--join` (empty, waiting
+    /// to be added as a learner), and returns its peer address.
+    pub fn add_joining_node(&mut self, id: u64) -> String {
+        let data = self._dir.path().join(format!("node{id}"));
+        self.nodes.push(NodeProc {
+            id,
+            joining: true,
+            addr: format!("127.0.0.1:{}", free_port()),
+            peer: format!("127.0.0.1:{}", free_port()),
+            http: format!("127.0.0.1:{}", free_port()),
+            data,
+            child: None,
+        });
+        self.start_node(id);
+        self.node(id).peer.clone()
+    }
+
     pub fn start_node(&mut self, id: u64) {
+        let endpoints = self.endpoints().join(",");
         let peers = self.peers.clone();
         let extra = self.extra.clone();
         let n = self.node_mut(id);
+        let (flag, value) = if n.joining {
+            ("--join", endpoints)
+        } else {
+            ("--peers", peers)
+        };
         std::fs::create_dir_all(&n.data).expect("data dir");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -227,8 +253,8 @@ impl Cluster {
                 &n.peer,
                 "--http",
                 &n.http,
-                "--peers",
-                &peers,
+                flag,
+                &value,
             ])
             .arg("--data-dir")
             .arg(&n.data)

@@ -13,6 +13,7 @@ use super::auth::{authorize, hash_secret, Need};
 use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
 use super::{error, forwarded, read_barrier, route};
 use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
+use crate::membership;
 use crate::node::Node;
 
 #[derive(Clone)]
@@ -389,11 +390,40 @@ impl pb::cluster_server::Cluster for Api {
         }
     }
 
+    async fn add_learner(
+        &self,
+        req: Request<pb::AddLearnerRequest>,
+    ) -> Result<Response<pb::MembershipResponse>, Status> {
+        forward!(self, req, Need::Admin, ClusterClient, add_learner);
+        let r = req.into_inner();
+        let m = membership::add_learner(&self.node, r.id, &r.peer_addr).await;
+        members_out(m)
+    }
+
+    async fn promote(
+        &self,
+        req: Request<pb::NodeRef>,
+    ) -> Result<Response<pb::MembershipResponse>, Status> {
+        forward!(self, req, Need::Admin, ClusterClient, promote);
+        members_out(membership::promote(&self.node, req.into_inner().id).await)
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<pb::NodeRef>,
+    ) -> Result<Response<pb::MembershipResponse>, Status> {
+        forward!(self, req, Need::Admin, ClusterClient, remove_node);
+        members_out(membership::remove(&self.node, req.into_inner().id).await)
+    }
+
     async fn status(
         &self,
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         authorize(&self.node, &req, Need::Read)?;
+        let voters: std::collections::BTreeSet<u64> =
+            self.node.voters().into_iter().map(|(id, _)| id).collect();
+        let lags = self.node.replication_lags();
         let members = self.node.members();
         let offsets = self.node.clock.peer_offsets();
         let calls = members.iter().map(|(id, addr)| {
@@ -436,12 +466,16 @@ impl pb::cluster_server::Cluster for Api {
                             term: s.term,
                             clock_offset_ms,
                             peer_addr,
+                            voter: voters.contains(&id),
+                            lag: lags.get(&id).copied().unwrap_or(0),
                         }
                     }
                     None => pb::NodeStatus {
                         id,
                         addr,
                         peer_addr,
+                        voter: voters.contains(&id),
+                        lag: lags.get(&id).copied().unwrap_or(0),
                         role: "unreachable".into(),
                         clock_offset_ms,
                         ..Default::default()
@@ -521,4 +555,14 @@ mod tests {
         assert_eq!(page_prefix_within(&[run_with_result(8 << 20)], 1024), 1);
         assert_eq!(page_prefix_within(&[], 1024), 0);
     }
+}
+
+fn members_out(
+    m: Result<membership::Members, membership::MembershipError>,
+) -> Result<Response<pb::MembershipResponse>, Status> {
+    let m = m.map_err(error::membership)?;
+    Ok(Response::new(pb::MembershipResponse {
+        voters: m.voters.into_iter().collect(),
+        learners: m.learners.into_iter().collect(),
+    }))
 }

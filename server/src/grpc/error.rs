@@ -41,3 +41,12 @@ pub fn propose(e: ProposeError) -> Status {
         ProposeError::Raft(m) => Status::unavailable(format!("raft: {m}")),
     }
 }
+
+pub fn membership(e: crate::membership::MembershipError) -> Status {
+    use crate::membership::MembershipError as M;
+    match e {
+        M::Refused(msg) => Status::failed_precondition(msg),
+        M::NotLeader { leader } => not_leader(leader),
+        M::Raft(msg) => Status::unavailable(format!("raft: {msg}")),
+    }
+}

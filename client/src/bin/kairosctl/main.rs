@@ -186,7 +186,132 @@ enum RunsCmd {
 
 #[derive(Subcommand)]
 enum ClusterCmd {
+    /// Leader, and per node: addresses, voter or learner, lag, applied index, digest.
     Status,
+    /// Add a node started with `kairos serve --join` as a learner.
+    AddLearner { id: u64, peer_addr: String },
+    /// Make a learner a voter.
+    Promote { id: u64 },
+    /// Remove a voter or learner from the cluster.
+    Remove { id: u64 },
+    /// Replace voter OLD by a new node NEW (started with --join): add it as
+    /// a learner, wait until it has caught up, promote it, remove OLD. Each
+    /// step is skipped when already done, so an interrupted replace is
+    /// resumed by running the same command again.
+    Replace {
+        old_id: u64,
+        new_id: u64,
+        peer_addr: String,
+        /// How long the new node may take to catch up.
+        #[arg(long, default_value = "5m", value_parser = duration_ms)]
+        catch_up_timeout: u64,
+    },
+}
+
+/// Entries a learner may still be behind when it is promoted.
+const PROMOTE_LAG_MAX: u64 = 100;
+
+async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result<()> {
+    use pb::cluster_client::ClusterClient;
+    let print =
+        |m: &pb::MembershipResponse| println!("voters {:?}, learners {:?}", m.voters, m.learners);
+    match cmd {
+        ClusterCmd::Status => cluster_status(c, out).await?,
+        ClusterCmd::AddLearner { id, peer_addr } => print(&add_learner(c, id, &peer_addr).await?),
+        ClusterCmd::Promote { id } => print(&promote(c, id).await?),
+        ClusterCmd::Remove { id } => {
+            let req = pb::NodeRef { id };
+            let m = c
+                .call(|ch| async move { ClusterClient::new(ch).remove_node(req).await })
+                .await?;
+            print(&m)
+        }
+        ClusterCmd::Replace {
+            old_id,
+            new_id,
+            peer_addr,
+            catch_up_timeout,
+        } => {
+            let s = c.status().await?;
+            let member = |id: u64| s.nodes.iter().find(|n| n.id == id).map(|n| n.voter);
+            match member(new_id) {
+                None => {
+                    println!("adding node {new_id} at {peer_addr} as a learner");
+                    add_learner(c, new_id, &peer_addr).await?;
+                }
+                Some(_) => println!("node {new_id} is already a member"),
+            }
+            if member(new_id) != Some(true) {
+                wait_caught_up(c, new_id, Duration::from_millis(catch_up_timeout)).await?;
+                println!("promoting node {new_id}");
+                promote(c, new_id).await?;
+            }
+            if member(old_id).is_some() {
+                println!("removing node {old_id}");
+                let req = pb::NodeRef { id: old_id };
+                let m = c
+                    .call(|ch| async move { ClusterClient::new(ch).remove_node(req).await })
+                    .await?;
+                print(&m);
+            } else {
+                println!("node {old_id} is not a member (already removed)");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn add_learner(
+    c: &Client,
+    id: u64,
+    peer_addr: &str,
+) -> anyhow::Result<pb::MembershipResponse> {
+    use pb::cluster_client::ClusterClient;
+    let req = pb::AddLearnerRequest {
+        id,
+        peer_addr: peer_addr.to_string(),
+    };
+    Ok(c.call(|ch| {
+        let req = req.clone();
+        async move { ClusterClient::new(ch).add_learner(req).await }
+    })
+    .await?)
+}
+
+async fn promote(c: &Client, id: u64) -> anyhow::Result<pb::MembershipResponse> {
+    use pb::cluster_client::ClusterClient;
+    let req = pb::NodeRef { id };
+    Ok(
+        c.call(|ch| async move { ClusterClient::new(ch).promote(req).await })
+            .await?,
+    )
+}
+
+/// Waits until learner `id` answers and is at most `PROMOTE_LAG_MAX` entries behind.
+async fn wait_caught_up(c: &Client, id: u64, timeout: Duration) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let s = c.status().await?;
+        let n = s.nodes.iter().find(|n| n.id == id);
+        match n {
+            Some(n)
+                if n.role != "unreachable" && n.lag <= PROMOTE_LAG_MAX && n.applied_index > 0 =>
+            {
+                println!("node {id} caught up (lag {} entries)", n.lag);
+                return Ok(());
+            }
+            Some(n) => eprintln!(
+                "node {id}: {} lag {} entries, applied {}",
+                n.role, n.lag, n.applied_index
+            ),
+            None => anyhow::bail!("node {id} is not a member"),
+        }
+        anyhow::ensure!(
+            start.elapsed() < timeout,
+            "node {id} did not catch up within {timeout:?}; run the same command again to resume"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 #[derive(Subcommand)]
@@ -610,7 +735,8 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
         let nodes: Vec<Value> = s
             .nodes
             .iter()
-            .map(|n| json!({"id": n.id, "addr": n.addr, "role": n.role, "applied_index": n.applied_index,
+            .map(|n| json!({"id": n.id, "addr": n.addr, "peer_addr": n.peer_addr, "role": n.role,
+                            "voter": n.voter, "lag": n.lag, "applied_index": n.applied_index,
                             "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms}))
             .collect();
         println!("{}", json!({ "leader": s.leader, "nodes": nodes }));
@@ -618,14 +744,23 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
     }
     println!("leader: node {}", s.leader);
     println!(
-        "{:<4} {:<22} {:<12} {:>8} {:>6} {:>10} DIGEST",
-        "ID", "ADDR", "ROLE", "APPLIED", "TERM", "SKEW(ms)"
+        "{:<4} {:<22} {:<22} {:<8} {:<12} {:>6} {:>8} {:>6} {:>10} DIGEST",
+        "ID", "ADDR", "PEER", "MEMBER", "ROLE", "LAG", "APPLIED", "TERM", "SKEW(ms)"
     );
     for n in &s.nodes {
         let d = n.state_digest.get(..16).unwrap_or(&n.state_digest);
+        let member = if n.voter { "voter" } else { "learner" };
         println!(
-            "{:<4} {:<22} {:<12} {:>8} {:>6} {:>10} {d}",
-            n.id, n.addr, n.role, n.applied_index, n.term, n.clock_offset_ms
+            "{:<4} {:<22} {:<22} {:<8} {:<12} {:>6} {:>8} {:>6} {:>10} {d}",
+            n.id,
+            n.addr,
+            n.peer_addr,
+            member,
+            n.role,
+            n.lag,
+            n.applied_index,
+            n.term,
+            n.clock_offset_ms
         );
     }
     Ok(())
@@ -667,7 +802,7 @@ async fn main() {
             .await
             .map(|r| print_runs(cli.output, &[r]))
             .map_err(Into::into),
-        Cmd::Cluster(ClusterCmd::Status) => cluster_status(&client, cli.output).await,
+        Cmd::Cluster(m) => cluster_cmd(&client, cli.output, m).await,
         Cmd::Token(t) => token_cmd(&client, cli.output, t).await,
         Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
     };

@@ -88,6 +88,11 @@ pub struct ServeArgs {
     /// defaults to this node alone.
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
+    /// Join an existing cluster (its public endpoints, ADDR,...): start
+    /// empty and wait to be added with `kairosctl cluster add-learner` or
+    /// `cluster replace`. Not with --peers.
+    #[arg(long, value_delimiter = ',', conflicts_with = "peers")]
+    join: Vec<String>,
     /// Build a snapshot after this many log entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_logs: u64,
@@ -203,6 +208,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     config.heartbeat_ms = a.heartbeat_ms;
     config.election_min_ms = a.election_min_ms;
     config.election_max_ms = a.election_max_ms;
+    config.join = a.join.clone();
     if let Some(f) = &a.auth_token_file {
         let secret = std::fs::read_to_string(f)
             .with_context(|| format!("--auth-token-file {}", f.display()))?

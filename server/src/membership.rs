@@ -1,0 +1,209 @@
+//! Membership changes at runtime, on the leader: add a learner, promote it,
+//! remove a node. openraft carries each through joint consensus; this module
+//! decides whether a change is safe to start and says why not.
+//!
+//! Refused (the reason named): a change that would leave fewer than a quorum
+//! of reachable voters, a change while another is in progress (the last
+//! membership entry is not committed, or is a joint configuration), removing
+//! the last voter, promoting a node that is not a learner.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers};
+
+use crate::node::Node;
+use crate::raft::NodeId;
+
+/// How long a voter may take to answer before it counts as unreachable.
+const REACH_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// Why a change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    /// The change is unsafe or impossible now; the message says why.
+    #[error("{0}")]
+    Refused(String),
+    #[error("this node is not the leader")]
+    NotLeader { leader: Option<(NodeId, String)> },
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// Voters and learners after a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Members {
+    pub voters: BTreeSet<NodeId>,
+    pub learners: BTreeSet<NodeId>,
+}
+
+fn refused(msg: impl Into<String>) -> MembershipError {
+    MembershipError::Refused(msg.into())
+}
+
+/// The current membership, refusing if a change is still in progress.
+fn settled(node: &Node) -> Result<Members, MembershipError> {
+    let m = node.raft.metrics().borrow().clone();
+    if m.current_leader != Some(node.id) {
+        return Err(MembershipError::NotLeader {
+            leader: node.leader(),
+        });
+    }
+    let stored = m.membership_config.clone();
+    let membership = stored.membership();
+    if membership.get_joint_config().len() > 1 {
+        return Err(refused(
+            "a membership change is in progress (joint configuration); retry when it completes",
+        ));
+    }
+    let committed = m.last_applied.map(|l| l.index) >= stored.log_id().map(|l| l.index);
+    if !committed {
+        return Err(refused(
+            "a membership change is in progress (not yet applied); retry when it completes",
+        ));
+    }
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
+    Ok(Members { voters, learners })
+}
+
+/// Voters of `set` that answer now (this node counts as reachable).
+async fn reachable(node: &Node, set: &BTreeSet<NodeId>) -> BTreeSet<NodeId> {
+    let members = node.members();
+    let asks = set.iter().map(|id| {
+        let addr = members
+            .iter()
+            .find(|(m, _)| m == id)
+            .map(|(_, a)| a.clone());
+        async move {
+            if *id == node.id {
+                return Some(*id);
+            }
+            let s = tokio::time::timeout(REACH_TIMEOUT, node.peer_status(*id, &addr?)).await;
+            s.ok().flatten().map(|_| *id)
+        }
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Refuses unless a quorum of `voters` answers.
+async fn require_quorum(
+    node: &Node,
+    voters: &BTreeSet<NodeId>,
+    what: &str,
+) -> Result<(), MembershipError> {
+    let up = reachable(node, voters).await;
+    let quorum = voters.len() / 2 + 1;
+    if up.len() < quorum {
+        let down: Vec<_> = voters.difference(&up).collect();
+        return Err(refused(format!(
+            "{what} would leave voters {voters:?} of which only {} answer (need {quorum}; unreachable: {down:?})",
+            up.len()
+        )));
+    }
+    Ok(())
+}
+
+fn raft_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> MembershipError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => MembershipError::NotLeader {
+            leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+        },
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => refused(c.to_string()),
+        other => MembershipError::Raft(other.to_string()),
+    }
+}
+
+fn members_now(node: &Node) -> Members {
+    let m = node.raft.metrics().borrow().membership_config.clone();
+    Members {
+        voters: m.membership().voter_ids().collect(),
+        learners: m.membership().learner_ids().collect(),
+    }
+}
+
+/// Adds node `id` at `peer_addr` as a learner: it starts receiving the log.
+pub async fn add_learner(
+    node: &Node,
+    id: NodeId,
+    peer_addr: &str,
+) -> Result<Members, MembershipError> {
+    if id == 0 {
+        return Err(refused("id: must be at least 1"));
+    }
+    if peer_addr.is_empty() || !peer_addr.contains(':') {
+        return Err(refused(format!(
+            "peer_addr: expected HOST:PORT, got {peer_addr:?}"
+        )));
+    }
+    let now = settled(node)?;
+    if now.voters.contains(&id) {
+        return Err(refused(format!("node {id} is already a voter")));
+    }
+    let known = node.members().into_iter().find(|(m, _)| *m == id);
+    if let Some((_, addr)) = known {
+        if addr == peer_addr {
+            return Ok(now); // already a learner there: nothing to do (a resumed replace)
+        }
+        return Err(refused(format!(
+            "node {id} is already a learner at {addr}; remove it first to move it"
+        )));
+    }
+    node.raft
+        .add_learner(id, BasicNode::new(peer_addr), false)
+        .await
+        .map_err(raft_error)?;
+    Ok(members_now(node))
+}
+
+/// Makes learner `id` a voter.
+pub async fn promote(node: &Node, id: NodeId) -> Result<Members, MembershipError> {
+    let now = settled(node)?;
+    if now.voters.contains(&id) {
+        return Ok(now); // already done (a resumed replace)
+    }
+    if !now.learners.contains(&id) {
+        return Err(refused(format!(
+            "node {id} is not a learner; add it with add-learner first"
+        )));
+    }
+    let mut after = now.voters.clone();
+    after.insert(id);
+    require_quorum(node, &after, &format!("promoting node {id}")).await?;
+    node.raft
+        .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
+        .await
+        .map_err(raft_error)?;
+    Ok(members_now(node))
+}
+
+/// Removes voter or learner `id` from the cluster.
+pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError> {
+    let now = settled(node)?;
+    if now.learners.contains(&id) {
+        node.raft
+            .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
+            .await
+            .map_err(raft_error)?;
+        return Ok(members_now(node));
+    }
+    if !now.voters.contains(&id) {
+        return Err(refused(format!("node {id} is not a member")));
+    }
+    if now.voters.len() == 1 {
+        return Err(refused(format!("node {id} is the last voter")));
+    }
+    let mut after = now.voters.clone();
+    after.remove(&id);
+    require_quorum(node, &after, &format!("removing node {id}")).await?;
+    node.raft
+        .change_membership(ChangeMembers::RemoveVoters([id].into()), false)
+        .await
+        .map_err(raft_error)?;
+    Ok(members_now(node))
+}
