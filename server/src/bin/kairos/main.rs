@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kairos_server::{run, Config};
 
+mod config;
 mod playground;
 
 #[derive(Parser)]
@@ -31,6 +32,16 @@ enum Cmd {
     /// Cluster certificates.
     #[command(subcommand)]
     Certs(CertsCmd),
+    /// Configuration files.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Validate a `serve --config` file (keys, values, addresses, TLS
+    /// files, token file) without starting or binding anything.
+    Check { file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -51,19 +62,23 @@ enum CertsCmd {
     },
 }
 
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
+    /// TOML file with any of these flags as keys (`peer_listen = "..."`);
+    /// flags and KAIROS_* environment variables override it.
+    #[arg(long, env = "KAIROS_CONFIG")]
+    config: Option<PathBuf>,
     /// This node's id (1..), unique in the cluster.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "KAIROS_ID", default_value_t = 1)]
     id: u64,
     /// Public gRPC listen address: clients and workers (no peer RPC).
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    #[arg(long, env = "KAIROS_LISTEN", default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
     /// Public address clients and workers should use; defaults to --listen.
-    #[arg(long)]
+    #[arg(long, env = "KAIROS_ADVERTISE")]
     advertise: Option<String>,
     /// Peer (Raft) listen address; defaults to the public port + 100.
-    #[arg(long)]
+    #[arg(long, env = "KAIROS_PEER_LISTEN")]
     peer_listen: Option<SocketAddr>,
     /// Directory from `kairos certs init`: ca.crt, node-<id>.crt and
     /// node-<id>.key. Both listeners then use TLS; peers must present a
@@ -76,42 +91,47 @@ pub struct ServeArgs {
     #[arg(long, env = "KAIROS_AUTH_TOKEN_FILE")]
     auth_token_file: Option<PathBuf>,
     /// Allow non-loopback addresses without TLS and tokens (logs a warning).
-    #[arg(long)]
+    #[arg(long, env = "KAIROS_INSECURE")]
     insecure: bool,
     /// HTTP address for /healthz, /readyz, /metrics and the dashboard.
-    #[arg(long, default_value = "127.0.0.1:7080")]
+    #[arg(long, env = "KAIROS_HTTP", default_value = "127.0.0.1:7080")]
     http: SocketAddr,
     /// Data directory (created if missing).
-    #[arg(long, default_value = "./kairos-data")]
+    #[arg(long, env = "KAIROS_DATA_DIR", default_value = "./kairos-data")]
     data_dir: PathBuf,
     /// Voters of the cluster as ID=PEER_ADDR,... (their peer listeners);
     /// defaults to this node alone.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, env = "KAIROS_PEERS", value_delimiter = ',')]
     peers: Vec<String>,
     /// Join an existing cluster (its public endpoints, ADDR,...): start
     /// empty and wait to be added with `kairosctl cluster add-learner` or
     /// `cluster replace`. Not with --peers.
-    #[arg(long, value_delimiter = ',', conflicts_with = "peers")]
+    #[arg(
+        long,
+        env = "KAIROS_JOIN",
+        value_delimiter = ',',
+        conflicts_with = "peers"
+    )]
     join: Vec<String>,
     /// Build a snapshot after this many log entries.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, env = "KAIROS_SNAPSHOT_LOGS", default_value_t = 10_000)]
     snapshot_logs: u64,
     /// Log entries kept behind a snapshot for lagging followers.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, env = "KAIROS_KEEP_LOGS", default_value_t = 1_000)]
     keep_logs: u64,
     /// Leader heartbeat; also openraft's AppendEntries timeout.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, env = "KAIROS_HEARTBEAT_MS", default_value_t = 100)]
     heartbeat_ms: u64,
     /// Election timeout range. openraft 0.9 also holds a leader lease of
     /// election-max after the last heartbeat, so a dead leader is replaced
     /// after lease + timeout (800–1000 ms with the defaults).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, env = "KAIROS_ELECTION_MIN_MS", default_value_t = 300)]
     election_min_ms: u64,
     /// sled page cache in MiB (1..65536). Not a bound on memory: at 1M
     /// timers 64 MiB gave a larger RSS than the default (BENCHMARKS.md).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, env = "KAIROS_CACHE_MB", default_value_t = 1024)]
     cache_mb: u64,
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, env = "KAIROS_ELECTION_MAX_MS", default_value_t = 500)]
     election_max_ms: u64,
 }
 
@@ -190,7 +210,9 @@ fn check_transport(
     Ok(())
 }
 
-async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+/// The node configuration and its peer listen address, from validated
+/// arguments (files are read; nothing is bound).
+fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
     let peer_listen = match a.peer_listen {
         Some(p) => p,
@@ -227,6 +249,15 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         )?));
     }
     config.validate()?;
+    Ok((config, peer_listen))
+}
+
+async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let a = match &a.config {
+        Some(path) => config::with_file(path, config::serve_cli_args())?,
+        None => a,
+    };
+    let (config, peer_listen) = node_config(&a)?;
     let grpc = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("--listen {}", a.listen))?;
@@ -236,8 +267,22 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(a.http)
         .await
         .with_context(|| format!("--http {}", a.http))?;
+    // SIGINT or SIGTERM: stop serving and shut raft down cleanly.
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let term = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
     };
     run(config, grpc, peer, Some(http), shutdown).await
 }
@@ -261,6 +306,12 @@ fn main() -> anyhow::Result<()> {
         },
         Some(Cmd::Serve(a)) => rt.block_on(serve(a)),
         Some(Cmd::Playground(p)) => rt.block_on(playground::run(p)),
+        Some(Cmd::Config(ConfigCmd::Check { file })) => {
+            let a = config::with_file(&file, Vec::new())?;
+            node_config(&a)?;
+            println!("{}: ok", file.display());
+            Ok(())
+        }
         Some(Cmd::Certs(CertsCmd::Init { out, nodes, hosts })) => {
             for f in kairos_server::tls::init(&out, nodes, &hosts)? {
                 println!("{}", f.display());
