@@ -276,3 +276,43 @@ async fn the_dashboard_needs_a_reader_token_and_metrics_stay_open() {
     assert!(get("/metrics", None).starts_with("HTTP/1.0 200"));
     assert!(get("/healthz", None).starts_with("HTTP/1.0 200"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_history_names_the_token_behind_each_change() {
+    let cluster = Cluster::start_secure(1, &[]);
+    cluster.wait_leader().await;
+    let admin = cluster.client();
+    let ops = as_token(
+        &cluster,
+        cluster.endpoints(),
+        Some(&new_token(&admin, "ops", "operator", &[]).await),
+    );
+    create(&ops, every_job("nightly", "g", 60_000))
+        .await
+        .unwrap();
+    admin
+        .jobs(|mut j| async move {
+            j.pause_job(pb::JobRef {
+                id: "nightly".into(),
+            })
+            .await
+        })
+        .await
+        .unwrap();
+    let h = ops
+        .jobs(|mut j| async move {
+            j.job_history(pb::JobRef {
+                id: "nightly".into(),
+            })
+            .await
+        })
+        .await
+        .unwrap();
+    let seen: Vec<(u64, &str, &str)> = h
+        .revisions
+        .iter()
+        .map(|r| (r.revision, r.action.as_str(), r.by.as_str()))
+        .collect();
+    assert_eq!(seen, vec![(1, "create", "ops"), (2, "pause", "admin")]);
+    assert!(h.revisions.iter().all(|r| r.at_ms > 0));
+}

@@ -54,6 +54,7 @@ fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
         effects: Vec::new(),
         now: 0,
         widths: &[],
+        actor: "",
     };
     tx.now = tx.advance_time(command_time(cmd));
     match tx.run(cmd) {
@@ -85,7 +86,7 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::RetryRun { now_ms, .. }
         | Command::PutToken { now_ms, .. }
         | Command::RevokeToken { now_ms, .. } => *now_ms,
-        Command::Dedup { command, .. } => command_time(command),
+        Command::Dedup { command, .. } | Command::Authored { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
     }
@@ -141,6 +142,8 @@ struct Tx<'a, V: StateView + ?Sized> {
     now: i64,
     /// Connected workers per group, from the Fire or Trigger command (for broadcast).
     widths: &'a [(String, u32)],
+    /// Who made the client write being applied ("" when unknown).
+    actor: &'a str,
 }
 
 fn get<T: DeserializeOwned, V: StateView + ?Sized>(v: &V, key: &[u8]) -> Option<T> {
@@ -190,6 +193,18 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 request_id,
                 command,
             } => self.dedup(request_id, command),
+            Command::Authored { actor, command } => {
+                if matches!(
+                    **command,
+                    Command::Dedup { .. } | Command::Batch { .. } | Command::Authored { .. }
+                ) {
+                    return Err(CommandError::Invalid(
+                        "command: an author wraps one plain command".into(),
+                    ));
+                }
+                self.actor = actor;
+                self.run(command)
+            }
             Command::Batch { .. } => Err(CommandError::Invalid(
                 "commands: batches do not nest".into(),
             )),
@@ -231,7 +246,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// is simply judged again).
     fn dedup(&mut self, id: &str, cmd: &'a Command) -> Result<Response, CommandError> {
         validate::request_id(id)?;
-        if matches!(cmd, Command::Dedup { .. } | Command::Batch { .. }) {
+        let plain = match cmd {
+            Command::Authored { command, .. } => command,
+            other => other,
+        };
+        if matches!(plain, Command::Dedup { .. } | Command::Batch { .. }) {
             return Err(CommandError::Invalid(
                 "command: a request id wraps one plain command".into(),
             ));
@@ -415,6 +434,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let first = self.first_occurrence(&job, self.now)?;
         self.set_next(&mut job, first);
         self.put(keys::job(&job.id), &job);
+        self.record_revision(&job, job.revision, "create");
         Ok(job)
     }
 
@@ -441,6 +461,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             self.set_next(&mut job, first);
         }
         self.put(keys::job(&job.id), &job);
+        self.record_revision(&job, job.revision, "update");
         Ok(job)
     }
 
@@ -449,7 +470,30 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.set_next(&mut job, None);
         self.cancel_active_runs(&mut job, "job deleted");
         self.o.delete(keys::job(id));
+        self.record_revision(&job, job.revision.saturating_add(1), "delete");
         Ok(true)
+    }
+
+    /// Appends to the job's revision history, keeping the newest
+    /// `JOB_REVISIONS_MAX` records of this job id (over all its generations).
+    fn record_revision(&mut self, job: &Job, revision: u64, action: &str) {
+        let rec = JobRevision {
+            revision,
+            at_ms: self.now,
+            by: self.actor.to_string(),
+            action: action.to_string(),
+        };
+        self.put(
+            keys::job_history(&job.id, job.created_at_ms, revision),
+            &rec,
+        );
+        let prefix = keys::job_history_prefix(&job.id);
+        let end = keys::prefix_end(&prefix);
+        let max = limits::JOB_REVISIONS_MAX;
+        let rows = self.o.range(&prefix, &end, max + 2);
+        for (k, _) in rows.iter().take(rows.len().saturating_sub(max)) {
+            self.o.delete(k.clone());
+        }
     }
 
     fn pause_job(&mut self, id: &str) -> Result<Job, CommandError> {
@@ -460,6 +504,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
             self.put(keys::job(id), &job);
+            self.record_revision(&job, job.revision, "pause");
         }
         Ok(job)
     }
@@ -474,6 +519,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             let first = self.first_occurrence(&job, self.now)?;
             self.set_next(&mut job, first);
             self.put(keys::job(id), &job);
+            self.record_revision(&job, job.revision, "resume");
         }
         Ok(job)
     }

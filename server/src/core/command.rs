@@ -84,6 +84,12 @@ pub enum Command {
         request_id: String,
         command: Box<Command>,
     },
+    /// A client write made by the token named `actor` ("" without tokens):
+    /// job changes record it in the job's revision history.
+    Authored {
+        actor: String,
+        command: Box<Command>,
+    },
     /// Client commands grouped into one log entry (group commit). Each is
     /// applied in order as if alone: one refused command changes nothing and
     /// does not affect the others. Batches do not nest.

@@ -13,6 +13,8 @@ pub const ACTIVE: u8 = b'a';
 /// Tokens by name, and the index from a secret's hash to the name.
 pub const TOKEN: u8 = b't';
 pub const TOKEN_HASH: u8 = b'k';
+/// Job revision history: `h` job `/` generation (created_at) revision.
+pub const JOB_HISTORY: u8 = b'h';
 /// Responses of recent client writes by request id, and their expiry order.
 pub const DEDUP: u8 = b'd';
 pub const DEDUP_ORDER: u8 = b'e';
@@ -63,6 +65,21 @@ pub fn token(name: &str) -> Vec<u8> {
 pub fn token_hash(hash: &str) -> Vec<u8> {
     let mut k = vec![TOKEN_HASH];
     k.extend_from_slice(hash.as_bytes());
+    k
+}
+
+/// Prefix of one job id's revision records (job ids have no `/`).
+pub fn job_history_prefix(job: &str) -> Vec<u8> {
+    let mut k = vec![JOB_HISTORY];
+    k.extend_from_slice(job.as_bytes());
+    k.push(b'/');
+    k
+}
+
+pub fn job_history(job: &str, created_at_ms: i64, revision: u64) -> Vec<u8> {
+    let mut k = job_history_prefix(job);
+    k.extend_from_slice(&time_bytes(created_at_ms));
+    k.extend_from_slice(&revision.to_be_bytes());
     k
 }
 

@@ -1555,3 +1555,115 @@ fn remembered_ids_expire_by_age_a_few_per_command() {
     let a = sim.exec(dedup("old-0", trigger("a", later + 3)));
     assert!(!state_writes(&a).is_empty());
 }
+
+// ------------------------------------------------------------------ job history
+
+fn authored(actor: &str, cmd: Command) -> Command {
+    Command::Authored {
+        actor: actor.into(),
+        command: Box::new(cmd),
+    }
+}
+
+fn revisions(sim: &Sim, job: &str) -> Vec<JobRevision> {
+    let prefix = keys::job_history_prefix(job);
+    sim.view
+        .range(&prefix, &keys::prefix_end(&prefix), 1000)
+        .iter()
+        .map(|(_, v)| decode(v).unwrap())
+        .collect()
+}
+
+#[test]
+fn job_changes_record_who_made_them_and_the_history_is_bounded() {
+    let mut sim = Sim::default();
+    sim.exec(authored(
+        "ops",
+        Command::CreateJob {
+            spec: every("a", 60_000),
+            now_ms: T0,
+        },
+    ));
+    sim.exec(authored(
+        "ci",
+        Command::PauseJob {
+            id: "a".into(),
+            now_ms: T0 + 1,
+        },
+    ));
+    sim.exec(Command::ResumeJob {
+        id: "a".into(),
+        now_ms: T0 + 2,
+    });
+    sim.exec(authored(
+        "ops",
+        Command::DeleteJob {
+            id: "a".into(),
+            now_ms: T0 + 3,
+        },
+    ));
+    let h = revisions(&sim, "a");
+    let seen: Vec<(u64, &str, &str)> = h
+        .iter()
+        .map(|r| (r.revision, r.action.as_str(), r.by.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (1, "create", "ops"),
+            (2, "pause", "ci"),
+            (3, "resume", ""),
+            (4, "delete", "ops")
+        ]
+    );
+    assert_eq!(h[1].at_ms, T0 + 1);
+
+    // A refused change records nothing; many changes keep the newest 100.
+    let refused = sim.exec(authored(
+        "ops",
+        Command::PauseJob {
+            id: "a".into(),
+            now_ms: T0 + 4,
+        },
+    ));
+    assert_nothing_done(&refused);
+    sim.exec(Command::CreateJob {
+        spec: every("a", 60_000),
+        now_ms: T0 + 5,
+    });
+    for i in 0..150 {
+        let now_ms = T0 + 10 + i;
+        let cmd = if i % 2 == 0 {
+            Command::PauseJob {
+                id: "a".into(),
+                now_ms,
+            }
+        } else {
+            Command::ResumeJob {
+                id: "a".into(),
+                now_ms,
+            }
+        };
+        sim.exec(cmd);
+    }
+    let h = revisions(&sim, "a");
+    assert_eq!(h.len(), limits::JOB_REVISIONS_MAX);
+    assert_eq!(h.last().map(|r| r.revision), Some(151), "newest kept");
+}
+
+#[test]
+fn an_author_wraps_one_plain_command() {
+    let mut sim = Sim::default();
+    let nested = sim.exec(authored(
+        "x",
+        authored(
+            "y",
+            Command::DeleteJob {
+                id: "a".into(),
+                now_ms: T0,
+            },
+        ),
+    ));
+    assert!(invalid_msg(&nested).contains("an author wraps one plain command"));
+    assert_nothing_done(&nested);
+}

@@ -54,6 +54,8 @@ pub mod limits {
     pub const DEDUP_TTL_MS: i64 = 10 * 60 * 1000;
     pub const DEDUP_EVICT_PER_COMMAND: usize = 8;
     pub const REQUEST_ID_MAX_BYTES: usize = 64;
+    /// Revision records kept per job id (the oldest go first).
+    pub const JOB_REVISIONS_MAX: usize = 100;
     /// Tokens the cluster holds.
     pub const TOKENS_MAX: usize = 1000;
     /// Groups a worker token may name.
@@ -466,4 +468,15 @@ pub struct Token {
     /// Lowercase hex SHA-256 of the secret.
     pub hash: String,
     pub created_at_ms: i64,
+}
+
+/// One change of a job's definition, and who made it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRevision {
+    pub revision: u64,
+    pub at_ms: i64,
+    /// The token's name ("" on a cluster without tokens).
+    pub by: String,
+    /// create | update | pause | resume | delete
+    pub action: String,
 }

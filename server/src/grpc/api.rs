@@ -23,15 +23,24 @@ pub struct Api {
 
 /// Admits the call if the caller may do `$need`, then serves it on the
 /// leader or forwards it there unchanged (with the caller's token and request
-/// id). Evaluates to the request id, for writes.
+/// id). Evaluates to who is calling, for writes.
 macro_rules! forward {
     ($self:ident, $req:ident, $need:expr, $client:ident, $method:ident) => {{
-        authorize(&$self.node, &$req, $need)?;
+        let actor = authorize(&$self.node, &$req, $need)?;
         if let Some(ch) = route(&$self.node, &$req)? {
             return $client::new(ch).$method(forwarded($req)).await;
         }
-        request_id(&$req)
+        Caller {
+            request_id: request_id(&$req),
+            actor,
+        }
     }};
+}
+
+/// Who makes a write: the token's name, and the client's request id.
+struct Caller {
+    request_id: Option<String>,
+    actor: String,
 }
 
 /// The client's request id (`x-kairos-request-id`), if it sent one.
@@ -41,9 +50,17 @@ fn request_id<T>(req: &Request<T>) -> Option<String> {
 }
 
 impl Api {
-    /// Proposes a client write; with a request id it is applied at most once.
-    async fn write(&self, request_id: Option<String>, cmd: Command) -> Result<R, Status> {
-        let cmd = match request_id {
+    /// Proposes a client write, recording who made it; with a request id it
+    /// is applied at most once.
+    async fn write(&self, who: Caller, cmd: Command) -> Result<R, Status> {
+        let cmd = match who.actor.is_empty() {
+            true => cmd,
+            false => Command::Authored {
+                actor: who.actor,
+                command: Box::new(cmd),
+            },
+        };
+        let cmd = match who.request_id {
             Some(request_id) => {
                 validate::request_id(&request_id).map_err(error::command)?;
                 Command::Dedup {
@@ -64,11 +81,7 @@ impl Api {
         }
     }
 
-    async fn write_job(
-        &self,
-        rid: Option<String>,
-        cmd: Command,
-    ) -> Result<Response<pb::Job>, Status> {
+    async fn write_job(&self, rid: Caller, cmd: Command) -> Result<Response<pb::Job>, Status> {
         match self.write(rid, cmd).await? {
             R::Job(j) => Ok(Response::new(job_out(&j))),
             other => Err(Status::internal(format!("unexpected response {other:?}"))),
@@ -113,6 +126,25 @@ impl pb::jobs_server::Jobs for Api {
             },
         )
         .await
+    }
+
+    async fn job_history(
+        &self,
+        req: Request<pb::JobRef>,
+    ) -> Result<Response<pb::JobHistoryResponse>, Status> {
+        forward!(self, req, Need::Read, JobsClient, job_history);
+        read_barrier(&self.node, &req).await?;
+        let id = req.into_inner().id;
+        Self::job_id(&id)?;
+        let revisions = (self.node.sm.job_history(&id).into_iter())
+            .map(|r| pb::JobRevision {
+                revision: r.revision,
+                at_ms: r.at_ms,
+                by: r.by,
+                action: r.action,
+            })
+            .collect();
+        Ok(Response::new(pb::JobHistoryResponse { revisions }))
     }
 
     async fn get_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {

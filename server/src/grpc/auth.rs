@@ -70,8 +70,9 @@ fn caller(node: &Node, metadata: &MetadataMap) -> Result<Option<Token>, Status> 
         .ok_or_else(|| Status::unauthenticated("unknown or revoked token"))
 }
 
-/// Admits the call if the caller's role covers `need`.
-pub fn authorize<T>(node: &Node, req: &Request<T>, need: Need) -> Result<(), Status> {
+/// Admits the call if the caller's role covers `need`; returns the
+/// caller's token name ("" in development mode).
+pub fn authorize<T>(node: &Node, req: &Request<T>, need: Need) -> Result<String, Status> {
     match caller(node, req.metadata())? {
         Some(t) if !need.allows(t.role) => Err(Status::permission_denied(format!(
             "token {:?} has role {}; {}",
@@ -79,7 +80,8 @@ pub fn authorize<T>(node: &Node, req: &Request<T>, need: Need) -> Result<(), Sta
             t.role.as_str(),
             need.describe()
         ))),
-        _ => Ok(()),
+        Some(t) => Ok(t.name),
+        None => Ok(String::new()),
     }
 }
 

@@ -101,6 +101,10 @@ enum JobCmd {
         #[arg(long, default_value_t = 5)]
         count: u32,
     },
+    /// Who changed the job and when (create, update, pause, resume, delete).
+    History {
+        id: String,
+    },
 }
 
 #[derive(Args)]
@@ -693,6 +697,31 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
                 .join("\n");
             print_value(out, json!(r.fire_at_ms), &text);
+        }
+        JobCmd::History { id } => {
+            let req = pb::JobRef { id };
+            let r = c
+                .jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.job_history(r).await }
+                })
+                .await?;
+            let rows: Vec<Value> = (r.revisions.iter())
+                .map(|v| json!({"revision": v.revision, "at_ms": v.at_ms, "by": v.by, "action": v.action}))
+                .collect();
+            let text = (r.revisions.iter())
+                .map(|v| {
+                    let by = if v.by.is_empty() { "-" } else { &v.by };
+                    format!(
+                        "{:>4}  {}  {:<7} {by}",
+                        v.revision,
+                        time_text(v.at_ms),
+                        v.action
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            print_value(out, json!(rows), &text);
         }
     }
     Ok(())
