@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{authorize, hash_secret, Need};
 use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
-use super::{error, forwarded, read_barrier, route};
+use super::{error, forwarded, read_barrier, route, write_now_ms};
 use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
 use crate::node::Node;
 
@@ -64,7 +64,7 @@ impl pb::jobs_server::Jobs for Api {
     ) -> Result<Response<pb::Job>, Status> {
         forward!(self, req, Need::Write, JobsClient, create_job);
         let spec = spec_in(req.into_inner().spec)?;
-        let now_ms = self.node.clock.now_ms();
+        let now_ms = write_now_ms(&self.node).await?;
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
         self.write_job(Command::CreateJob { spec, now_ms }).await
     }
@@ -76,7 +76,7 @@ impl pb::jobs_server::Jobs for Api {
         forward!(self, req, Need::Write, JobsClient, update_job);
         let r = req.into_inner();
         let spec = spec_in(r.spec)?;
-        let now_ms = self.node.clock.now_ms();
+        let now_ms = write_now_ms(&self.node).await?;
         // The schedule is checked in apply, which knows whether it changed.
         validate::job_spec_with(&spec, now_ms, false).map_err(error::command)?;
         self.write_job(Command::UpdateJob {
@@ -130,7 +130,7 @@ impl pb::jobs_server::Jobs for Api {
         match self
             .write(Command::DeleteJob {
                 id,
-                now_ms: self.node.clock.now_ms(),
+                now_ms: write_now_ms(&self.node).await?,
             })
             .await?
         {
@@ -145,7 +145,7 @@ impl pb::jobs_server::Jobs for Api {
         Self::job_id(&id)?;
         self.write_job(Command::PauseJob {
             id,
-            now_ms: self.node.clock.now_ms(),
+            now_ms: write_now_ms(&self.node).await?,
         })
         .await
     }
@@ -156,7 +156,7 @@ impl pb::jobs_server::Jobs for Api {
         Self::job_id(&id)?;
         self.write_job(Command::ResumeJob {
             id,
-            now_ms: self.node.clock.now_ms(),
+            now_ms: write_now_ms(&self.node).await?,
         })
         .await
     }
@@ -168,7 +168,7 @@ impl pb::jobs_server::Jobs for Api {
         match self
             .write(Command::TriggerJob {
                 id,
-                now_ms: self.node.clock.now_ms(),
+                now_ms: write_now_ms(&self.node).await?,
                 widths: self.node.dispatcher.widths(),
             })
             .await?
@@ -260,7 +260,7 @@ impl pb::runs_server::Runs for Api {
         let run = parse_run_id(&req.into_inner().run_id)?;
         let cmd = Command::RetryRun {
             run,
-            now_ms: self.node.clock.now_ms(),
+            now_ms: write_now_ms(&self.node).await?,
         };
         match self.write(cmd).await? {
             R::Run(run) => Ok(Response::new(run_out(&run))),
@@ -303,7 +303,7 @@ impl pb::cluster_server::Cluster for Api {
             created_at_ms: 0,
         };
         validate::token(&token).map_err(error::command)?;
-        let now_ms = self.node.clock.now_ms();
+        let now_ms = write_now_ms(&self.node).await?;
         match self
             .write(Command::PutToken {
                 token,
@@ -337,7 +337,7 @@ impl pb::cluster_server::Cluster for Api {
         forward!(self, req, Need::Admin, ClusterClient, revoke_token);
         let name = req.into_inner().name;
         validate::name("name", &name, limits::ID_MAX_BYTES).map_err(error::command)?;
-        let now_ms = self.node.clock.now_ms();
+        let now_ms = write_now_ms(&self.node).await?;
         match self.write(Command::RevokeToken { name, now_ms }).await? {
             R::Deleted(revoked) => Ok(Response::new(pb::RevokeTokenResponse { revoked })),
             other => Err(Status::internal(format!("unexpected response {other:?}"))),
