@@ -8,6 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+/// How long a write waits for a new leader's first clock measurement
+/// before it is refused as unavailable (the client retries).
+pub const CALIBRATION_WAIT_MS: i64 = 2_000;
+const CALIBRATION_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A source of wall-clock time in unix milliseconds. Injected so tests and
 /// the fault harness can skew it.
 pub trait Clock: Send + Sync + 'static {
@@ -117,6 +122,29 @@ impl ClusterClock {
     /// True once a quorum's clocks have been measured (always for one node).
     pub fn is_calibrated(&self) -> bool {
         self.calibrated.load(Ordering::Relaxed)
+    }
+
+    /// Cluster time, if a quorum's clocks have been measured in this
+    /// leader term; None before (then [`Self::now_ms`] is only this node's
+    /// wall clock, which must not be stamped into a command: state-machine
+    /// time never goes back, so one skewed stamp would stay for good).
+    pub fn calibrated_now_ms(&self) -> Option<i64> {
+        self.is_calibrated().then(|| self.now_ms())
+    }
+
+    /// [`Self::calibrated_now_ms`], waiting up to `wait_ms` (on the
+    /// monotonic clock) for the first measurement of a new leader term.
+    pub async fn wait_calibrated_ms(&self, wait_ms: i64) -> Option<i64> {
+        let until = self.mono_ms().saturating_add(wait_ms);
+        loop {
+            if let Some(t) = self.calibrated_now_ms() {
+                return Some(t);
+            }
+            if self.mono_ms() >= until {
+                return None;
+            }
+            tokio::time::sleep(CALIBRATION_POLL).await;
+        }
     }
 
     /// Records a round of probes. `voters` counts the whole voting set, self
@@ -272,5 +300,46 @@ mod tests {
         single.update(&[], 1);
         assert!(single.is_calibrated());
         assert_eq!(single.now_ms(), 7);
+    }
+
+    #[test]
+    fn writes_get_no_time_before_a_quorum_was_measured() {
+        // A new leader 60 s fast: before the first probe round it has only its own clock.
+        let local = step_clock(160_000);
+        let c = ClusterClock::new(local.clone());
+        assert_eq!(c.calibrated_now_ms(), None);
+        c.update(&[sample(2, 100_000, 0)], 3);
+        assert_eq!(c.calibrated_now_ms(), Some(100_000));
+        // Leadership lost: the next term measures again before it stamps.
+        c.reset();
+        assert_eq!(c.calibrated_now_ms(), None);
+        let single = ClusterClock::new(step_clock(7));
+        single.update(&[], 1);
+        assert_eq!(single.calibrated_now_ms(), Some(7), "a quorum of one");
+    }
+
+    // Driven by the injected monotonic clock; real waits are a few polls.
+    #[tokio::test]
+    async fn a_write_waits_briefly_for_calibration_then_gives_up() {
+        let local = step_clock(160_000);
+        let c = Arc::new(ClusterClock::new(local.clone()));
+        let waiter = tokio::spawn({
+            let c = c.clone();
+            async move { c.wait_calibrated_ms(CALIBRATION_WAIT_MS).await }
+        });
+        tokio::time::sleep(CALIBRATION_POLL).await;
+        c.update(&[sample(2, 100_000, 0)], 3);
+        assert_eq!(waiter.await.unwrap(), Some(100_000));
+        // Never calibrated: the wait ends once the monotonic clock passed it.
+        let c = Arc::new(ClusterClock::new(local.clone()));
+        let waiter = tokio::spawn({
+            let c = c.clone();
+            async move { c.wait_calibrated_ms(CALIBRATION_WAIT_MS).await }
+        });
+        tokio::time::sleep(CALIBRATION_POLL * 3).await;
+        assert!(!waiter.is_finished(), "gave up before the wait passed");
+        set(&local, 162_000, CALIBRATION_WAIT_MS);
+        tokio::time::sleep(CALIBRATION_POLL * 2).await;
+        assert_eq!(waiter.await.unwrap(), None);
     }
 }

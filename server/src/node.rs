@@ -51,6 +51,9 @@ pub struct Config {
     /// `--join`: public endpoints of an existing cluster. The node never
     /// bootstraps; it waits, empty, to be added (`cluster add-learner`).
     pub join: Vec<String>,
+    /// Most ready attempts the leader queues in memory per worker group;
+    /// the rest wait in the replicated active-runs table and are paged in.
+    pub queue_max: usize,
 }
 
 impl Config {
@@ -80,6 +83,7 @@ impl Config {
             tls: None,
             auth_token: None,
             join: Vec::new(),
+            queue_max: crate::leader::dispatch::QUEUE_MAX,
         }
     }
 
@@ -108,6 +112,12 @@ impl Config {
             "election timeouts: need heartbeat*2 < election_min < election_max"
         );
         anyhow::ensure!(self.snapshot_logs > 0, "snapshot_logs: must be at least 1");
+        anyhow::ensure!(
+            (1..=crate::leader::dispatch::QUEUE_MAX).contains(&self.queue_max),
+            "queue-max: must be between 1 and {}, got {}",
+            crate::leader::dispatch::QUEUE_MAX,
+            self.queue_max
+        );
         Ok(())
     }
 
@@ -374,8 +384,14 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
             .into_iter()
             .map(|h| (h.run, h.attempt, h.worker))
             .collect();
+        // Only a calibrated leader hands out attempts; one that lost its
+        // term meanwhile leaves them unrecorded (the worker claims them).
+        let Some(now_ms) = node.clock.calibrated_now_ms() else {
+            tracing::debug!("assignment record dropped: clock not calibrated");
+            continue;
+        };
         let cmd = Command::Assign {
-            now_ms: node.clock.now_ms(),
+            now_ms,
             assignments,
         };
         if let Err(e) = node.propose(cmd).await {
@@ -423,12 +439,12 @@ async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
         let node = node.clone();
         // Each waiter gets its own report's result.
         async move {
-            let res = node
-                .propose(Command::Finish {
-                    now_ms: node.clock.now_ms(),
-                    reports,
-                })
-                .await;
+            let res = match node.clock.calibrated_now_ms() {
+                Some(now_ms) => node.propose(Command::Finish { now_ms, reports }).await,
+                None => Err(ProposeError::Raft(
+                    "the leader's clock is not calibrated yet".into(),
+                )),
+            };
             let results = match res {
                 Ok(Response::Batch(results)) => results.into_iter().map(Some).collect(),
                 Ok(other) => vec![Some(Err(CommandError::FailedPrecondition(format!(
@@ -545,7 +561,10 @@ async fn bootstrap_admin(node: Arc<Node>, hash: String) {
                 hash: hash.clone(),
                 created_at_ms: 0,
             };
-            let now_ms = node.clock.now_ms();
+            let Some(now_ms) = node.clock.calibrated_now_ms() else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
             match node
                 .propose(Command::PutToken {
                     token,
@@ -633,7 +652,7 @@ pub async fn run(
         sm,
         log,
         clock: Arc::new(ClusterClock::new(config.clock.clone())),
-        dispatcher: Arc::new(Dispatcher::default()),
+        dispatcher: Arc::new(Dispatcher::with_queue_max(config.queue_max)),
         api_addrs: Mutex::new(HashMap::new()),
         assign_tx,
         finish_tx,

@@ -112,6 +112,9 @@ pub struct NodeProc {
     pub peer: String,
     pub http: String,
     pub data: PathBuf,
+    /// Environment and flags for this node only (set before it starts).
+    pub env: Vec<(String, String)>,
+    pub args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -146,22 +149,33 @@ pub fn certs_init(dir: &std::path::Path, n: u64) {
 impl Cluster {
     /// Starts `n` nodes; `extra` flags go to every `kairos serve`.
     pub fn start(n: u64, extra: &[&str]) -> Cluster {
-        Self::start_with(n, extra, false, false)
+        Self::start_with(n, extra, false, false, &|_| {})
+    }
+
+    /// Starts `n` nodes after `setup` adjusted each (its own env and flags).
+    pub fn start_each(n: u64, extra: &[&str], setup: &dyn Fn(&mut NodeProc)) -> Cluster {
+        Self::start_with(n, extra, false, false, setup)
     }
 
     /// Starts `n` nodes with TLS on both listeners (`--tls-dir`, certificates
     /// from `kairos certs init`); clients trust the generated CA.
     pub fn start_tls(n: u64, extra: &[&str]) -> Cluster {
-        Self::start_with(n, extra, true, false)
+        Self::start_with(n, extra, true, false, &|_| {})
     }
 
     /// TLS and tokens: every node gets `--auth-token-file` with the same
     /// secret, which becomes the first admin; clients present it.
     pub fn start_secure(n: u64, extra: &[&str]) -> Cluster {
-        Self::start_with(n, extra, true, true)
+        Self::start_with(n, extra, true, true, &|_| {})
     }
 
-    fn start_with(n: u64, extra: &[&str], tls: bool, tokens: bool) -> Cluster {
+    fn start_with(
+        n: u64,
+        extra: &[&str],
+        tls: bool,
+        tokens: bool,
+        setup: &dyn Fn(&mut NodeProc),
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut security = Security::default();
@@ -187,6 +201,8 @@ impl Cluster {
                 peer: format!("127.0.0.1:{}", free_port()),
                 http: format!("127.0.0.1:{}", free_port()),
                 data: dir.path().join(format!("node{id}")),
+                env: Vec::new(),
+                args: Vec::new(),
                 child: None,
             })
             .collect();
@@ -195,6 +211,8 @@ impl Cluster {
             .map(|n| format!("{}={}", n.id, n.peer))
             .collect::<Vec<_>>()
             .join(",");
+        let mut nodes = nodes;
+        nodes.iter_mut().for_each(setup);
         let mut c = Cluster {
             nodes,
             peers,
@@ -220,6 +238,8 @@ impl Cluster {
             peer: format!("127.0.0.1:{}", free_port()),
             http: format!("127.0.0.1:{}", free_port()),
             data,
+            env: Vec::new(),
+            args: Vec::new(),
             child: None,
         });
         self.start_node(id);
@@ -259,6 +279,8 @@ impl Cluster {
             .arg("--data-dir")
             .arg(&n.data)
             .args(&extra)
+            .args(&n.args)
+            .envs(n.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{authorize, hash_secret, Need};
 use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
-use super::{error, forwarded, read_barrier, route};
+use super::{error, forwarded, read_barrier, route, write_now_ms};
 use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
 use crate::membership;
 use crate::node::Node;
@@ -101,7 +101,7 @@ impl pb::jobs_server::Jobs for Api {
     ) -> Result<Response<pb::Job>, Status> {
         let rid = forward!(self, req, Need::Write, JobsClient, create_job);
         let spec = spec_in(req.into_inner().spec)?;
-        let now_ms = self.node.clock.now_ms();
+        let now_ms = write_now_ms(&self.node).await?;
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
         self.write_job(rid, Command::CreateJob { spec, now_ms })
             .await
@@ -114,7 +114,7 @@ impl pb::jobs_server::Jobs for Api {
         let rid = forward!(self, req, Need::Write, JobsClient, update_job);
         let r = req.into_inner();
         let spec = spec_in(r.spec)?;
-        let now_ms = self.node.clock.now_ms();
+        let now_ms = write_now_ms(&self.node).await?;
         // The schedule is checked in apply, which knows whether it changed.
         validate::job_spec_with(&spec, now_ms, false).map_err(error::command)?;
         self.write_job(
@@ -192,7 +192,7 @@ impl pb::jobs_server::Jobs for Api {
                 rid,
                 Command::DeleteJob {
                     id,
-                    now_ms: self.node.clock.now_ms(),
+                    now_ms: write_now_ms(&self.node).await?,
                 },
             )
             .await?
@@ -210,7 +210,7 @@ impl pb::jobs_server::Jobs for Api {
             rid,
             Command::PauseJob {
                 id,
-                now_ms: self.node.clock.now_ms(),
+                now_ms: write_now_ms(&self.node).await?,
             },
         )
         .await
@@ -224,7 +224,7 @@ impl pb::jobs_server::Jobs for Api {
             rid,
             Command::ResumeJob {
                 id,
-                now_ms: self.node.clock.now_ms(),
+                now_ms: write_now_ms(&self.node).await?,
             },
         )
         .await
@@ -239,7 +239,7 @@ impl pb::jobs_server::Jobs for Api {
                 rid,
                 Command::TriggerJob {
                     id,
-                    now_ms: self.node.clock.now_ms(),
+                    now_ms: write_now_ms(&self.node).await?,
                     widths: self.node.dispatcher.widths(),
                 },
             )
@@ -332,7 +332,7 @@ impl pb::runs_server::Runs for Api {
         let run = parse_run_id(&req.into_inner().run_id)?;
         let cmd = Command::RetryRun {
             run,
-            now_ms: self.node.clock.now_ms(),
+            now_ms: write_now_ms(&self.node).await?,
         };
         match self.write(rid, cmd).await? {
             R::Run(run) => Ok(Response::new(run_out(&run))),
@@ -375,7 +375,7 @@ impl pb::cluster_server::Cluster for Api {
             created_at_ms: 0,
         };
         validate::token(&token).map_err(error::command)?;
-        let now_ms = self.node.clock.now_ms();
+        let now_ms = write_now_ms(&self.node).await?;
         match self
             .write(
                 rid,
@@ -412,7 +412,7 @@ impl pb::cluster_server::Cluster for Api {
         let rid = forward!(self, req, Need::Admin, ClusterClient, revoke_token);
         let name = req.into_inner().name;
         validate::name("name", &name, limits::ID_MAX_BYTES).map_err(error::command)?;
-        let now_ms = self.node.clock.now_ms();
+        let now_ms = write_now_ms(&self.node).await?;
         match self
             .write(rid, Command::RevokeToken { name, now_ms })
             .await?

@@ -34,6 +34,14 @@ pub fn not_leader(leader: Option<(u64, String)>) -> Status {
     s
 }
 
+/// A write reached a new leader that has not measured a quorum's clocks
+/// yet: it cannot stamp the command with cluster time. Retryable.
+pub fn uncalibrated() -> Status {
+    Status::unavailable(
+        "the leader's clock is not calibrated yet (no quorum clock measurement since it was elected); retry shortly",
+    )
+}
+
 pub fn propose(e: ProposeError) -> Status {
     match e {
         ProposeError::NotLeader { leader } => not_leader(leader),

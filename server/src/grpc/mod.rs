@@ -129,6 +129,15 @@ pub fn route<T>(node: &Node, req: &Request<T>) -> Result<Option<Channel>, Status
     }
 }
 
+/// Cluster time to stamp into a write: waits up to `CALIBRATION_WAIT_MS`
+/// for a new leader's first quorum clock measurement, else `UNAVAILABLE`.
+pub async fn write_now_ms(node: &Node) -> Result<i64, Status> {
+    node.clock
+        .wait_calibrated_ms(crate::clock::CALIBRATION_WAIT_MS)
+        .await
+        .ok_or_else(error::uncalibrated)
+}
+
 /// Re-wraps a request for forwarding: the caller's token goes along (the
 /// leader checks it too), and the mark that it must not be forwarded again.
 pub fn forwarded<T>(req: Request<T>) -> Request<T> {

@@ -10,22 +10,32 @@
 //! occurrence prefer workers not already holding one of them.
 //!
 //! Invariants: never more attempts in flight to a worker than its capacity;
-//! an attempt with a live lease is not handed out again; a queue holds at
-//! most `QUEUE_MAX` attempts per group (beyond that they stay in the durable
-//! active table and are reloaded on resync); one dispatch pass looks at most
-//! `SCAN_MAX` attempts per group, so attempts no worker can take (labels,
-//! hashing) cost bounded work.
+//! an attempt with a live lease is not handed out again; one dispatch pass
+//! looks at most `SCAN_MAX` attempts per group, so attempts no worker can
+//! take (labels, hashing) cost bounded work.
+//!
+//! The queues are a window over the replicated active-runs table: a group's
+//! queue holds at most `queue_max` attempts. A ready attempt that finds it
+//! full is not kept in memory; the group is marked overflowed, and once its
+//! queue drains to `queue_max / 2` the leader reads the active table from
+//! the group's cursor in pages of `PAGE_ROWS` ([`Dispatcher::page_wanted`],
+//! [`Dispatcher::page_in`]) until the queue is full again or the table ends.
+//! An attempt that overflowed behind the cursor makes the scan start over,
+//! so none is lost; one already queued or leased is skipped, so none is
+//! queued twice.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
-use crate::core::{limits, ActiveRun, ReadyRun, Route, RunId, RunState};
+use crate::core::{keys, limits, ActiveRun, ReadyRun, Route, RunId, RunState};
 
-/// Most ready attempts queued in memory per group.
+/// Most ready attempts queued in memory per group (the default window).
 pub const QUEUE_MAX: usize = 100_000;
+/// Rows of the active-runs table read per page when paging attempts back in.
+pub const PAGE_ROWS: usize = 1024;
 /// Most queued attempts one dispatch pass examines per group.
 pub const SCAN_MAX: usize = 1024;
 /// A worker that neither heartbeats nor finishes for this long loses its
@@ -140,10 +150,21 @@ struct Lease {
     expiring: bool,
 }
 
+/// A group whose ready attempts did not all fit its queue: the rest is
+/// found by scanning the active table after `cursor` (None: from the start).
+#[derive(Debug, Clone, Default)]
+struct Overflow {
+    cursor: Option<RunId>,
+    /// An attempt overflowed at or before the cursor during this scan: when
+    /// the scan reaches the end of the table it starts over.
+    missed: bool,
+}
+
 #[derive(Default)]
 struct State {
     queues: HashMap<String, BinaryHeap<Queued>>,
     queued: HashSet<RunId>,
+    overflow: BTreeMap<String, Overflow>,
     workers: BTreeMap<u64, Worker>,
     leases: HashMap<RunId, Lease>,
     /// Worker that held a run's last ended attempt: its retry goes elsewhere if it can.
@@ -161,9 +182,18 @@ pub struct Handed {
     pub worker: String,
 }
 
-#[derive(Default)]
 pub struct Dispatcher {
     state: Mutex<State>,
+    /// Most attempts queued in memory per group; the rest wait on disk.
+    queue_max: usize,
+    /// Woken when an overflowed group's queue drained to its low-water mark.
+    page_signal: Notify,
+}
+
+impl Default for Dispatcher {
+    fn default() -> Self {
+        Self::with_queue_max(QUEUE_MAX)
+    }
 }
 
 /// Queue depth and worker count of one group (status and metrics).
@@ -175,6 +205,19 @@ pub struct GroupStats {
 }
 
 impl Dispatcher {
+    /// A dispatcher whose queues hold at most `queue_max` attempts per group (at least 1).
+    pub fn with_queue_max(queue_max: usize) -> Self {
+        Dispatcher {
+            state: Mutex::default(),
+            queue_max: queue_max.max(1),
+            page_signal: Notify::new(),
+        }
+    }
+
+    pub fn queue_max(&self) -> usize {
+        self.queue_max
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -233,26 +276,75 @@ impl Dispatcher {
             .collect()
     }
 
-    /// A committed attempt is ready for a worker.
+    /// A committed attempt is ready for a worker. If its group's queue is
+    /// full it stays only on disk, and the group is paged in later.
     pub fn ready(&self, r: ReadyRun) {
         let mut s = self.lock();
-        if s.leases.get(&r.run).is_some_and(|l| l.attempt >= r.attempt) || s.queued.contains(&r.run)
-        {
+        if s.is_known(&r.run, r.attempt) {
             return;
         }
-        let q = s.queues.entry(r.group).or_default();
-        if q.len() >= QUEUE_MAX {
+        if s.queues.get(&r.group).map_or(0, BinaryHeap::len) >= self.queue_max {
+            let o = s.overflow.entry(r.group).or_default();
+            if o.cursor.as_ref().is_some_and(|c| !after(&r.run, c)) {
+                o.missed = true;
+            }
             return;
         }
-        q.push(Queued {
-            priority: r.priority,
-            run: r.run.clone(),
-            attempt: r.attempt,
-            timeout_ms: r.timeout_ms,
-            route: r.route,
-            shard_count: r.shard_count,
-        });
-        s.queued.insert(r.run);
+        s.enqueue(r);
+    }
+
+    /// The overflowed group whose queue drained to its low-water mark, and
+    /// the active-table key after which its next page starts.
+    pub fn page_wanted(&self) -> Option<(String, Option<RunId>)> {
+        let s = self.lock();
+        s.overflow
+            .iter()
+            .find(|(g, _)| s.queues.get(*g).map_or(0, BinaryHeap::len) <= self.queue_max / 2)
+            .map(|(g, o)| (g.clone(), o.cursor.clone()))
+    }
+
+    /// One page of the active table (in key order, after the cursor that
+    /// [`Self::page_wanted`] gave) for an overflowed group; `end` when the
+    /// table has no rows after it. Queues the group's pending attempts that
+    /// are neither queued nor leased until the queue is full; the cursor
+    /// moves past each row looked at.
+    pub fn page_in(&self, group: &str, rows: Vec<(RunId, ActiveRun)>, end: bool) {
+        let mut s = self.lock();
+        let Some(mut o) = s.overflow.remove(group) else {
+            return;
+        };
+        let mut full = false;
+        for (run, a) in rows {
+            if s.queues.get(group).map_or(0, BinaryHeap::len) >= self.queue_max {
+                full = true;
+                break;
+            }
+            if o.cursor.as_ref().is_some_and(|c| !after(&run, c)) {
+                continue; // not after the cursor: a stale page
+            }
+            o.cursor = Some(run.clone());
+            if a.group == group && a.state == RunState::Pending && !s.is_known(&run, a.attempt) {
+                s.enqueue(ready_of(run, a));
+            }
+        }
+        match (full || !end, o.missed) {
+            (true, _) => {}
+            (false, true) => o = Overflow::default(),
+            (false, false) => return, // everything on disk was seen
+        }
+        s.overflow.insert(group.to_string(), o);
+    }
+
+    /// Waits until some overflowed group wants a page (see [`Self::page_wanted`]).
+    pub async fn page_needed(&self) {
+        self.page_signal.notified().await
+    }
+
+    /// Wakes [`Self::page_needed`] if a group wants a page now.
+    pub fn signal_if_page_wanted(&self) {
+        if self.page_wanted().is_some() {
+            self.page_signal.notify_one();
+        }
     }
 
     /// An attempt ended (finished, expired, cancelled) through the log.
@@ -367,6 +459,8 @@ impl Dispatcher {
         for g in groups {
             s.dispatch_group(&g, now_ms, &mut handed);
         }
+        drop(s);
+        self.signal_if_page_wanted();
         handed
     }
 
@@ -400,6 +494,7 @@ impl Dispatcher {
         let mut s = self.lock();
         s.queues.clear();
         s.queued.clear();
+        s.overflow.clear();
         s.leases.clear();
         for w in s.workers.values_mut() {
             w.in_flight.clear();
@@ -407,15 +502,7 @@ impl Dispatcher {
         drop(s);
         for (run, a) in active {
             match a.state {
-                RunState::Pending => self.ready(ReadyRun {
-                    run,
-                    attempt: a.attempt,
-                    group: a.group,
-                    priority: a.priority,
-                    timeout_ms: a.timeout_ms,
-                    route: a.route,
-                    shard_count: a.shard_count,
-                }),
+                RunState::Pending => self.ready(ready_of(run, a)),
                 RunState::Running => {
                     let deadline_ms = now_ms.saturating_add(a.timeout_ms as i64);
                     let lease = Lease {
@@ -460,6 +547,24 @@ impl Dispatcher {
 }
 
 impl State {
+    /// Whether this attempt (or a later one of the run) is queued or leased.
+    fn is_known(&self, run: &RunId, attempt: u32) -> bool {
+        self.queued.contains(run) || self.leases.get(run).is_some_and(|l| l.attempt >= attempt)
+    }
+
+    fn enqueue(&mut self, r: ReadyRun) {
+        let q = self.queues.entry(r.group).or_default();
+        q.push(Queued {
+            priority: r.priority,
+            run: r.run.clone(),
+            attempt: r.attempt,
+            timeout_ms: r.timeout_ms,
+            route: r.route,
+            shard_count: r.shard_count,
+        });
+        self.queued.insert(r.run);
+    }
+
     /// Hands out the group's queued attempts in priority order. An attempt
     /// no worker can take now (route) is put back; the pass ends when no
     /// worker of the group has room, or after `SCAN_MAX` attempts.
@@ -529,6 +634,25 @@ impl State {
         self.rr_last.insert(g.to_string(), conn);
         self.leases.insert(item.run, lease);
         Ok(())
+    }
+}
+
+/// Whether `run` sorts after `cursor` in the active table (key order, which
+/// is not `RunId`'s own order: keys start with the job id's length).
+fn after(run: &RunId, cursor: &RunId) -> bool {
+    keys::active(run) > keys::active(cursor)
+}
+
+/// The ready attempt an active-table row stands for.
+fn ready_of(run: RunId, a: ActiveRun) -> ReadyRun {
+    ReadyRun {
+        run,
+        attempt: a.attempt,
+        group: a.group,
+        priority: a.priority,
+        timeout_ms: a.timeout_ms,
+        route: a.route,
+        shard_count: a.shard_count,
     }
 }
 
@@ -916,5 +1040,181 @@ mod tests {
         assert_eq!(d.dispatch(0)[0].run, rid("b", 2));
         // The lease of the finished attempt still expires if its commit never comes.
         assert!(d.expired(1000).contains(&(rid("a", 1), 1)));
+    }
+    /// A stand-in for the replicated active-runs table, in key order.
+    #[derive(Default)]
+    struct Table(BTreeMap<Vec<u8>, (RunId, ActiveRun)>);
+
+    impl Table {
+        fn pending(&mut self, r: &ReadyRun) {
+            let a = ActiveRun {
+                group: r.group.clone(),
+                priority: r.priority,
+                state: RunState::Pending,
+                attempt: r.attempt,
+                timeout_ms: r.timeout_ms,
+                route: r.route.clone(),
+                worker: String::new(),
+                shard_count: r.shard_count,
+            };
+            self.0.insert(keys::active(&r.run), (r.run.clone(), a));
+        }
+
+        fn remove(&mut self, run: &RunId) {
+            self.0.remove(&keys::active(run));
+        }
+
+        /// What the leader does: page the active table into every group that wants it.
+        fn page_into(&self, d: &Dispatcher, page: usize) {
+            for _ in 0..10_000 {
+                let Some((g, cursor)) = d.page_wanted() else {
+                    return;
+                };
+                let from = cursor.map(|c| {
+                    let mut k = keys::active(&c);
+                    k.push(0);
+                    k
+                });
+                let rows: Vec<_> = self
+                    .0
+                    .range(from.unwrap_or_default()..)
+                    .take(page)
+                    .map(|(_, r)| r.clone())
+                    .collect();
+                let end = rows.len() < page;
+                d.page_in(&g, rows, end);
+            }
+            panic!("paging does not end");
+        }
+    }
+
+    /// Runs a worker that finishes every attempt at once until nothing is
+    /// left; returns every run it got, in order.
+    fn drain_all(d: &Dispatcher, table: &mut Table, conn: u64) -> Vec<RunId> {
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            table.page_into(d, 3);
+            let h = d.dispatch(0);
+            if h.is_empty() {
+                break;
+            }
+            for x in h {
+                assert!(d.finishing(conn, &x.run, x.attempt));
+                table.remove(&x.run);
+                d.ended(&x.run, x.attempt);
+                got.push(x.run);
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn a_full_queue_keeps_the_overflow_on_disk_and_pages_it_back_in() {
+        let d = Dispatcher::with_queue_max(4);
+        let mut table = Table::default();
+        let all: Vec<RunId> = (0..25).map(|t| rid(&format!("job{}", t % 7), t)).collect();
+        for run in &all {
+            let r = ready(run.clone(), 1, 5, 1000);
+            table.pending(&r);
+            d.ready(r);
+        }
+        assert_eq!(d.stats()["g"].queued, 4, "the window holds queue_max");
+        assert_eq!(d.page_wanted(), None, "a full queue wants no page");
+        let (tx, _rx) = mpsc::channel(1024);
+        let conn = d.register(info("w", vec!["g".into()], BTreeMap::new(), 2), tx);
+        let got = drain_all(&d, &mut table, conn);
+        let unique: BTreeSet<&RunId> = got.iter().collect();
+        assert_eq!(got.len(), all.len(), "every run once: {got:?}");
+        assert_eq!(unique.len(), all.len());
+        assert_eq!(d.page_wanted(), None);
+        assert!(table.0.is_empty());
+    }
+
+    #[test]
+    fn paging_skips_queued_leased_running_and_other_groups_attempts() {
+        let d = Dispatcher::with_queue_max(2);
+        let mut table = Table::default();
+        let (tx, _rx) = mpsc::channel(1024);
+        let conn = d.register(info("w", vec!["g".into()], BTreeMap::new(), 1), tx);
+        for t in 0..5 {
+            let r = ready(rid("a", t), 1, 5, 1000);
+            table.pending(&r);
+            d.ready(r);
+        }
+        // Another group's pending attempt and a running one share the table.
+        let other = ReadyRun {
+            group: "h".into(),
+            ..ready(rid("b", 1), 1, 5, 1000)
+        };
+        table.pending(&other);
+        let running = ready(rid("c", 1), 1, 5, 1000);
+        table.pending(&running);
+        table
+            .0
+            .get_mut(&keys::active(&running.run))
+            .unwrap()
+            .1
+            .state = RunState::Running;
+        // One leased attempt (a@0, still pending in the table until its Assign commits).
+        let first = d.dispatch(0);
+        assert_eq!(first.len(), 1);
+        table.page_into(&d, 2);
+        let s = d.stats();
+        assert_eq!(s["g"].queued, 2, "{s:?}");
+        assert!(!s.contains_key("h"), "another group's attempt was queued");
+        assert!(d.finishing(conn, &first[0].run, 1));
+        table.remove(&first[0].run);
+        d.ended(&first[0].run, 1);
+        let got = drain_all(&d, &mut table, conn);
+        let mut all: Vec<RunId> = first.into_iter().map(|h| h.run).collect();
+        all.extend(got);
+        assert_eq!(all, (0..5).map(|t| rid("a", t)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn an_attempt_that_overflows_behind_the_cursor_is_found_by_another_pass() {
+        let d = Dispatcher::with_queue_max(2);
+        let mut table = Table::default();
+        for t in 10..16 {
+            let r = ready(rid("m", t), 1, 5, 1000);
+            table.pending(&r);
+            d.ready(r);
+        }
+        let (tx, _rx) = mpsc::channel(1024);
+        let conn = d.register(info("w", vec!["g".into()], BTreeMap::new(), 2), tx);
+        let mut got: Vec<RunId> = d.dispatch(0).into_iter().map(|h| h.run).collect();
+        for run in &got {
+            assert!(d.finishing(conn, run, 1));
+            table.remove(run);
+            d.ended(run, 1);
+        }
+        // The scan moves past m@13 while the queue fills up again...
+        table.page_into(&d, 2);
+        assert_eq!(d.stats()["g"].queued, 2);
+        // ...then an attempt sorting before the cursor overflows the full queue.
+        let early = ready(rid("m", 1), 1, 5, 1000);
+        table.pending(&early);
+        d.ready(early);
+        got.extend(drain_all(&d, &mut table, conn));
+        let unique: BTreeSet<&RunId> = got.iter().collect();
+        assert_eq!((got.len(), unique.len()), (7, 7), "{got:?}");
+        assert!(
+            got.contains(&rid("m", 1)),
+            "the late attempt was lost: {got:?}"
+        );
+    }
+
+    #[test]
+    fn a_rebuild_over_the_cap_loses_nothing() {
+        let d = Dispatcher::with_queue_max(3);
+        let mut table = Table::default();
+        for t in 0..10 {
+            table.pending(&ready(rid("r", t), 1, 5, 1000));
+        }
+        d.rebuild(table.0.values().cloned().collect(), 0);
+        assert_eq!(d.stats()["g"].queued, 3);
+        let (tx, _rx) = mpsc::channel(1024);
+        let conn = d.register(info("w", vec!["g".into()], BTreeMap::new(), 1), tx);
+        assert_eq!(drain_all(&d, &mut table, conn).len(), 10);
     }
 }

@@ -14,7 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use openraft::ServerState;
 use rand::Rng;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
-use tokio::time::{sleep, Instant};
+use tokio::time::sleep;
 
 use crate::core::{limits, Command, Effect, Response, WheelKey};
 use crate::node::Node;
@@ -26,6 +26,8 @@ pub const HORIZON_MS: i64 = 60_000;
 pub const WHEEL_MAX_KEYS: usize = 1_000_000;
 /// Most active runs loaded when leadership starts.
 pub const ACTIVE_LOAD_MAX: usize = 1_000_000;
+/// Pages of the active-runs table read per pass of the leader's loop.
+const PAGES_PER_PASS: usize = 16;
 const LEASE_CHECK: Duration = Duration::from_millis(100);
 const CLOCK_PROBE: Duration = Duration::from_millis(1000);
 const QUORUM_CHECK: Duration = Duration::from_millis(1000);
@@ -82,7 +84,7 @@ async fn lead(node: Arc<Node>) {
     let _prober = AbortOnDrop(tokio::spawn(probe_clocks(node.clone())));
     let mut backoff = Duration::from_millis(250);
     loop {
-        let started = tokio::time::Instant::now();
+        let started_ms = node.clock.mono_ms();
         let res = tokio::select! {
             r = Term::start(node.clone()) => r,
             r = watch_quorum(&node) => r,
@@ -90,7 +92,7 @@ async fn lead(node: Arc<Node>) {
         node.dispatcher.clear();
         // A leader cut off from its quorum fails fast and repeatedly: back
         // off (up to 2 s) and say so once per attempt, not twice a second.
-        backoff = if started.elapsed() > Duration::from_secs(10) {
+        backoff = if node.clock.mono_ms() - started_ms > 10_000 {
             Duration::from_millis(500)
         } else {
             (backoff * 2).min(Duration::from_secs(2))
@@ -139,10 +141,12 @@ impl Term {
         // Subscribe before reading state so no effect falls in between.
         let mut effects = node.sm.subscribe();
         node.raft.ensure_linearizable().await?;
-        while !node.clock.is_calibrated() {
+        let now = loop {
+            if let Some(now) = node.clock.calibrated_now_ms() {
+                break now;
+            }
             sleep(Duration::from_millis(10)).await;
-        }
-        let now = node.clock.now_ms();
+        };
         let mut term = Term {
             wheel: TimingWheel::new(10, &[256, 64], now),
             complete_upto: i64::MIN,
@@ -166,6 +170,7 @@ impl Term {
                     Err(TryRecvError::Closed) => return Ok(()),
                 }
             }
+            term.page_in();
             let now = term.node.clock.now_ms();
             term.refill(now);
             let can_fire = firing.len() < FIRES_IN_FLIGHT;
@@ -186,7 +191,7 @@ impl Term {
                 Some(at) if can_fire => at.min(now + 1000),
                 _ => now + 1000,
             };
-            let wake = Instant::now() + Duration::from_millis((wake_ms - now).max(0) as u64);
+            let wake = Duration::from_millis((wake_ms - now).max(0) as u64);
             tokio::select! {
                 // A fire that did not commit ends the term; the next one
                 // rebuilds the wheel from replicated state, keys included.
@@ -199,7 +204,8 @@ impl Term {
                     }
                     Err(RecvError::Closed) => return Ok(()),
                 },
-                _ = tokio::time::sleep_until(wake) => {}
+                _ = sleep(wake) => {}
+                _ = term.node.dispatcher.page_needed() => {}
                 _ = lease_tick.tick() => term.expire_leases(),
             }
         }
@@ -214,6 +220,30 @@ impl Term {
             .dispatcher
             .rebuild(self.node.sm.active_runs(ACTIVE_LOAD_MAX), now);
         self.node.dispatch_now();
+    }
+
+    /// Pages attempts that did not fit a group's queue back in from the
+    /// active-runs table, at most `PAGES_PER_PASS` pages per pass (the
+    /// dispatcher signals again if more are wanted).
+    fn page_in(&self) {
+        let d = &self.node.dispatcher;
+        let mut paged = false;
+        for _ in 0..PAGES_PER_PASS {
+            let Some((group, cursor)) = d.page_wanted() else {
+                break;
+            };
+            let rows = self
+                .node
+                .sm
+                .active_runs_after(cursor.as_ref(), dispatch::PAGE_ROWS);
+            let end = rows.len() < dispatch::PAGE_ROWS;
+            d.page_in(&group, rows, end);
+            paged = true;
+        }
+        if paged {
+            self.node.dispatch_now();
+            d.signal_if_page_wanted();
+        }
     }
 
     fn is_loaded(&self, k: &WheelKey) -> bool {

@@ -203,9 +203,25 @@ impl StateMachine {
     /// State, attempt and worker come from the run record: an `Assign`
     /// updates only the record, not the active-index entry.
     pub fn active_runs(&self, limit: usize) -> Vec<(RunId, core::ActiveRun)> {
-        let rows = self
-            .view()
-            .range(&[keys::ACTIVE], &[keys::ACTIVE + 1], limit);
+        self.active_runs_after(None, limit)
+    }
+
+    /// Up to `limit` active runs in key order, starting after `after` (or
+    /// at the first); how the leader pages overflowed attempts back in.
+    pub fn active_runs_after(
+        &self,
+        after: Option<&RunId>,
+        limit: usize,
+    ) -> Vec<(RunId, core::ActiveRun)> {
+        let start = match after {
+            Some(run) => {
+                let mut k = keys::active(run);
+                k.push(0);
+                k
+            }
+            None => vec![keys::ACTIVE],
+        };
+        let rows = self.view().range(&start, &[keys::ACTIVE + 1], limit);
         rows.iter()
             .filter_map(|(k, v)| {
                 let id = keys::run_id_from(k)?;

@@ -133,6 +133,10 @@ pub struct ServeArgs {
     cache_mb: u64,
     #[arg(long, env = "KAIROS_ELECTION_MAX_MS", default_value_t = 500)]
     election_max_ms: u64,
+    /// Most ready attempts the leader holds in memory per worker group
+    /// (1..100000); the rest wait on disk and are paged in as the queue drains.
+    #[arg(long, default_value_t = kairos_server::leader::dispatch::QUEUE_MAX)]
+    queue_max: usize,
 }
 
 fn parse_peers(list: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -231,6 +235,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     config.election_min_ms = a.election_min_ms;
     config.election_max_ms = a.election_max_ms;
     config.join = a.join.clone();
+    config.queue_max = a.queue_max;
     if let Some(f) = &a.auth_token_file {
         let secret = std::fs::read_to_string(f)
             .with_context(|| format!("--auth-token-file {}", f.display()))?
