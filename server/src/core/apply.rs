@@ -31,6 +31,8 @@ pub enum Effect {
     Ended { run: RunId, attempt: u32 },
     /// Tell the worker holding this attempt to stop.
     Cancel { run: RunId, attempt: u32 },
+    /// A restore finished: the leader rebuilds its wheel and queues from state.
+    Restored,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,7 +87,8 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::Expire { now_ms, .. }
         | Command::RetryRun { now_ms, .. }
         | Command::PutToken { now_ms, .. }
-        | Command::RevokeToken { now_ms, .. } => *now_ms,
+        | Command::RevokeToken { now_ms, .. }
+        | Command::RestorePairs { now_ms, .. } => *now_ms,
         Command::Dedup { command, .. } | Command::Authored { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
@@ -193,6 +196,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 request_id,
                 command,
             } => self.dedup(request_id, command),
+            Command::RestorePairs {
+                pairs, first, last, ..
+            } => self.restore_pairs(pairs, *first, *last),
             Command::Authored { actor, command } => {
                 if matches!(
                     **command,
@@ -237,6 +243,67 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 .map_or(1, |(_, n)| *n)
                 .clamp(1, limits::BROADCAST_MAX),
         }
+    }
+
+    // ------------------------------------------------------------ restore
+
+    fn restore_pairs(
+        &mut self,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+        first: bool,
+        last: bool,
+    ) -> Result<Response, CommandError> {
+        let in_progress = self.o.get(keys::META_RESTORE).is_some();
+        if first {
+            let occupied = keys::RESTORED_SPACES
+                .iter()
+                .any(|p| !self.o.range(&[*p], &[*p + 1], 1).is_empty());
+            if in_progress || occupied {
+                return Err(CommandError::FailedPrecondition(
+                    "restore: the cluster already holds jobs, runs or timers; restore into a new cluster".into(),
+                ));
+            }
+        } else if !in_progress {
+            return Err(CommandError::FailedPrecondition(
+                "restore: no restore in progress (the first part was not applied)".into(),
+            ));
+        }
+        if let Some((k, _)) = pairs
+            .iter()
+            .find(|(k, _)| !k.first().is_some_and(|p| keys::RESTORED_SPACES.contains(p)))
+        {
+            return Err(CommandError::Invalid(format!(
+                "restore: key {:?} is not scheduling state",
+                String::from_utf8_lossy(k)
+            )));
+        }
+        // Apply later decodes these values: a pair that does not is refused here.
+        for (k, v) in pairs {
+            let ok = match k[0] {
+                keys::JOB => decode::<Job>(v).is_ok(),
+                keys::RUN => decode::<Run>(v).is_ok(),
+                keys::ACTIVE => decode::<ActiveRun>(v).is_ok(),
+                keys::JOB_HISTORY => decode::<JobRevision>(v).is_ok(),
+                _ => keys::wheel_from(k).is_some(),
+            };
+            if !ok {
+                return Err(CommandError::Invalid(format!(
+                    "restore: the value of key {:?} does not decode",
+                    String::from_utf8_lossy(k)
+                )));
+            }
+        }
+        for (k, v) in pairs {
+            self.o.put(k.clone(), v.clone());
+        }
+        if last {
+            self.o.delete(keys::META_RESTORE.to_vec());
+            // The leader reloads its wheel and queues from the restored state.
+            self.effects.push(Effect::Restored);
+        } else {
+            self.o.put(keys::META_RESTORE.to_vec(), Vec::new());
+        }
+        Ok(Response::Deleted(true))
     }
 
     // ------------------------------------------------------------ request ids

@@ -90,6 +90,16 @@ pub enum Command {
         actor: String,
         command: Box<Command>,
     },
+    /// One part of a restore from a backup: key-value pairs of the
+    /// scheduling state (jobs, runs, wheel, active runs, job history) written
+    /// as they are. `first` needs a cluster with no such state and marks a
+    /// restore in progress; later parts need that mark; `last` clears it.
+    RestorePairs {
+        pairs: Vec<(Vec<u8>, Vec<u8>)>,
+        first: bool,
+        last: bool,
+        now_ms: i64,
+    },
     /// Client commands grouped into one log entry (group commit). Each is
     /// applied in order as if alone: one refused command changes nothing and
     /// does not affect the others. Batches do not nest.

@@ -18,6 +18,11 @@ pub const JOB_HISTORY: u8 = b'h';
 /// Responses of recent client writes by request id, and their expiry order.
 pub const DEDUP: u8 = b'd';
 pub const DEDUP_ORDER: u8 = b'e';
+/// Present while a restore from a backup is being applied.
+pub const META_RESTORE: &[u8] = b"mrestore_in_progress";
+/// Key spaces a backup restores: the scheduling state. Meta, tokens and the
+/// dedup table belong to the new cluster.
+pub const RESTORED_SPACES: [u8; 5] = [JOB, RUN, WHEEL, ACTIVE, JOB_HISTORY];
 /// Number of entries in the dedup table.
 pub const META_DEDUP_COUNT: &[u8] = b"mdedup_count";
 

@@ -1667,3 +1667,59 @@ fn an_author_wraps_one_plain_command() {
     assert!(invalid_msg(&nested).contains("an author wraps one plain command"));
     assert_nothing_done(&nested);
 }
+
+// ------------------------------------------------------------------ restore
+
+fn restore(pairs: Vec<(Vec<u8>, Vec<u8>)>, first: bool, last: bool) -> Command {
+    Command::RestorePairs {
+        pairs,
+        first,
+        last,
+        now_ms: T0,
+    }
+}
+
+#[test]
+fn a_restore_needs_an_empty_cluster_goes_in_order_and_refuses_foreign_or_corrupt_pairs() {
+    // The scheduling state of one cluster...
+    let mut source = Sim::default();
+    source.create(every("a", 60_000), T0);
+    let state: Vec<(Vec<u8>, Vec<u8>)> = source
+        .view
+        .range(&[0], &[0xff], 1000)
+        .into_iter()
+        .filter(|(k, _)| keys::RESTORED_SPACES.contains(&k[0]))
+        .collect();
+    assert!(!state.is_empty());
+
+    let mut sim = Sim::default();
+    let orphan = sim.exec(restore(state.clone(), false, true));
+    assert!(
+        matches!(&orphan.response, Response::Error(CommandError::FailedPrecondition(m)) if m.contains("no restore in progress"))
+    );
+    let foreign = sim.exec(restore(
+        vec![(keys::META_TIME.to_vec(), vec![1])],
+        true,
+        true,
+    ));
+    assert!(invalid_msg(&foreign).contains("is not scheduling state"));
+    let corrupt = sim.exec(restore(vec![(keys::job("x"), vec![0xff; 3])], true, true));
+    assert!(invalid_msg(&corrupt).contains("does not decode"));
+    for a in [&orphan, &foreign, &corrupt] {
+        assert_nothing_done(a);
+    }
+
+    // ...restored in two parts: the mark holds between them.
+    let (one, two) = state.split_at(1);
+    sim.exec(restore(one.to_vec(), true, false));
+    assert!(sim.view.get(keys::META_RESTORE).is_some());
+    let done = sim.exec(restore(two.to_vec(), false, true));
+    assert_eq!(done.effects, vec![Effect::Restored]);
+    assert!(sim.view.get(keys::META_RESTORE).is_none());
+    assert_eq!(sim.job("a"), source.job("a"));
+    // A cluster that holds jobs takes no second restore.
+    let again = sim.exec(restore(state, true, true));
+    assert!(
+        matches!(&again.response, Response::Error(CommandError::FailedPrecondition(m)) if m.contains("already holds"))
+    );
+}

@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 use super::auth::{authorize, hash_secret, Need};
 use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
 use super::{error, forwarded, read_barrier, route, write_now_ms};
+use crate::backup;
 use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
 use crate::membership;
 use crate::node::Node;
@@ -422,6 +423,53 @@ impl pb::cluster_server::Cluster for Api {
         }
     }
 
+    type SaveSnapshotStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<pb::SnapshotChunk, Status>> + Send + 'static>,
+    >;
+
+    async fn save_snapshot(
+        &self,
+        req: Request<pb::SaveSnapshotRequest>,
+    ) -> Result<Response<Self::SaveSnapshotStream>, Status> {
+        authorize(&self.node, &req, Need::Admin)?;
+        let path = backup::fresh_snapshot(&self.node)
+            .await
+            .map_err(error::backup)?;
+        // Opened now: a newer snapshot renamed over the path later does not
+        // change what this stream sends.
+        let file = std::fs::File::open(&path)
+            .map_err(|e| Status::internal(format!("opening {}: {e}", path.display())))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || stream_file(file, tx));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn restore_snapshot(
+        &self,
+        req: Request<tonic::Streaming<pb::SnapshotChunk>>,
+    ) -> Result<Response<pb::RestoreSnapshotResponse>, Status> {
+        authorize(&self.node, &req, Need::Admin)?;
+        if !self.node.is_leader() {
+            return Err(error::not_leader(self.node.leader()));
+        }
+        let upload = self.node.sm.snapshot_file().with_extension("upload");
+        let received = receive_file(req.into_inner(), &upload).await;
+        let restored = match received {
+            Ok(()) => backup::restore(&self.node, &upload)
+                .await
+                .map_err(error::backup),
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&upload);
+        let r = restored?;
+        Ok(Response::new(pb::RestoreSnapshotResponse {
+            pairs: r.pairs,
+            backup_index: r.backup_index,
+        }))
+    }
+
     async fn add_learner(
         &self,
         req: Request<pb::AddLearnerRequest>,
@@ -597,4 +645,53 @@ fn members_out(
         voters: m.voters.into_iter().collect(),
         learners: m.learners.into_iter().collect(),
     }))
+}
+
+/// Bytes of one backup stream message.
+const CHUNK_BYTES: usize = 1 << 20;
+/// Largest backup file a restore accepts.
+const UPLOAD_MAX_BYTES: u64 = 16 << 30;
+
+/// Sends a file's bytes in chunks until it ends, the receiver goes away, or a read fails.
+fn stream_file(
+    mut file: std::fs::File,
+    tx: tokio::sync::mpsc::Sender<Result<pb::SnapshotChunk, Status>>,
+) {
+    use std::io::Read;
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    loop {
+        let msg = match file.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => Ok(pb::SnapshotChunk {
+                data: buf[..n].to_vec(),
+            }),
+            Err(e) => Err(Status::internal(format!("reading the snapshot: {e}"))),
+        };
+        let failed = msg.is_err();
+        if tx.blocking_send(msg).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// Writes an uploaded backup to `path`, up to `UPLOAD_MAX_BYTES`.
+async fn receive_file(
+    mut chunks: tonic::Streaming<pb::SnapshotChunk>,
+    path: &std::path::Path,
+) -> Result<(), Status> {
+    use tokio::io::AsyncWriteExt;
+    let io = |e: std::io::Error| Status::internal(format!("writing {}: {e}", path.display()));
+    let mut f = tokio::fs::File::create(path).await.map_err(io)?;
+    let mut total = 0u64;
+    while let Some(chunk) = chunks.message().await? {
+        total += chunk.data.len() as u64;
+        if total > UPLOAD_MAX_BYTES {
+            return Err(Status::resource_exhausted(format!(
+                "backup file: larger than {UPLOAD_MAX_BYTES} bytes"
+            )));
+        }
+        f.write_all(&chunk.data).await.map_err(io)?;
+    }
+    f.sync_all().await.map_err(io)?;
+    Ok(())
 }

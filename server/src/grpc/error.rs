@@ -58,3 +58,12 @@ pub fn membership(e: crate::membership::MembershipError) -> Status {
         M::Raft(msg) => Status::unavailable(format!("raft: {msg}")),
     }
 }
+
+pub fn backup(e: crate::backup::BackupError) -> Status {
+    use crate::backup::BackupError as B;
+    match e {
+        B::NotLeader { leader } => not_leader(leader),
+        B::Refused(msg) => Status::failed_precondition(msg),
+        B::Failed(msg) => Status::unavailable(msg),
+    }
+}

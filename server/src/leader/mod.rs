@@ -278,9 +278,13 @@ impl Term {
     }
 
     fn on_effects(&mut self, batch: &[Effect]) {
+        if batch.iter().any(|e| matches!(e, Effect::Restored)) {
+            self.resync(self.node.clock.now_ms());
+        }
         let d = &self.node.dispatcher;
         for e in batch {
             match e {
+                Effect::Restored => {}
                 Effect::Scheduled(k) => {
                     if self.is_loaded(k) {
                         self.wheel.insert(k.clone(), k.fire_at_ms);

@@ -142,6 +142,11 @@ impl StateMachine {
         self.meta(&keys::token(&name))
     }
 
+    /// The file holding the current snapshot (`snapshot.bin`).
+    pub fn snapshot_file(&self) -> std::path::PathBuf {
+        self.inner.snapshot_path.clone()
+    }
+
     /// The revision records of job id `job`, oldest first.
     pub fn job_history(&self, job: &str) -> Vec<core::JobRevision> {
         let prefix = keys::job_history_prefix(job);
