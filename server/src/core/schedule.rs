@@ -67,6 +67,11 @@ use croner::parser::{CronParser, Seconds, Year};
 use croner::{Cron, CronDateTime};
 use serde::{Deserialize, Serialize};
 
+/// The IANA time zone database compiled into this binary (through the
+/// pinned `chrono-tz`). Replicas with different tzdata may compute different
+/// local fire times, so each node records it and reports it in its status.
+pub const TZDATA_VERSION: &str = chrono_tz::IANA_TZDB_VERSION;
+
 /// Longest accepted cron expression, in bytes.
 pub const MAX_CRON_EXPR_BYTES: usize = 256;
 /// Longest accepted fixed-rate period: 10 years of 365 days, in ms.

@@ -391,6 +391,7 @@ impl pb::cluster_server::Cluster for Api {
                             term: s.term,
                             clock_offset_ms,
                             peer_addr,
+                            tzdata: s.tzdata,
                         }
                     }
                     None => pb::NodeStatus {
