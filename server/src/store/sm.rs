@@ -445,6 +445,38 @@ impl StateMachine {
     fn receive_path(&self) -> PathBuf {
         self.inner.snapshot_path.with_extension("recv")
     }
+
+    /// Makes `snapshot.recv` hold the data handed to `install_snapshot`, durably.
+    /// Normally that is the file [`begin_receiving_snapshot`] opened, which
+    /// openraft filled chunk by chunk; but the data is whatever handle the
+    /// caller passes (openraft's storage suite passes the leader's own
+    /// snapshot file), so any other file is copied in from its start.
+    ///
+    /// [`begin_receiving_snapshot`]: RaftStateMachine::begin_receiving_snapshot
+    async fn received_file(&self, snapshot: Box<tokio::fs::File>) -> Result<PathBuf, StorageError> {
+        use std::os::unix::fs::MetadataExt;
+        use tokio::io::AsyncSeekExt;
+        let recv = self.receive_path();
+        let given = snapshot.metadata().await.map_err(snap_err)?;
+        let is_recv = match tokio::fs::metadata(&recv).await {
+            Ok(m) => (m.dev(), m.ino()) == (given.dev(), given.ino()),
+            Err(_) => false,
+        };
+        let mut src = *snapshot;
+        if is_recv {
+            src.sync_all().await.map_err(snap_err)?;
+            return Ok(recv);
+        }
+        src.seek(std::io::SeekFrom::Start(0))
+            .await
+            .map_err(snap_err)?;
+        let mut dst = tokio::fs::File::create(&recv).await.map_err(snap_err)?;
+        tokio::io::copy(&mut src, &mut dst)
+            .await
+            .map_err(snap_err)?;
+        dst.sync_all().await.map_err(snap_err)?;
+        Ok(recv)
+    }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -496,9 +528,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
-        snapshot.sync_all().await.map_err(snap_err)?;
-        drop(snapshot);
-        let recv = self.receive_path();
+        let recv = self.received_file(snapshot).await?;
         let (version, held) = {
             let recv = recv.clone();
             blocking(move || snapfile::verify(&recv)).await?
