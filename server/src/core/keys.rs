@@ -34,6 +34,10 @@ pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 pub const META_TIME: &[u8] = b"mtime";
 /// Present while a snapshot is being loaded into the state (see `store::sm`).
 pub const META_RESTORING: &[u8] = b"mrestoring";
+/// The IANA tzdata version of the binary that last opened the data
+/// directory. Node-local: kept in the `local` tree, outside the replicated
+/// state, its snapshots and its digest (see `store::sm`).
+pub const META_TZDATA: &[u8] = b"mtzdata";
 
 /// On-disk format version of the data directory. 2: run ids and retry
 /// entries carry a shard; policies carry route and fan-out. 3: retention

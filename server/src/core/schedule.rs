@@ -67,6 +67,11 @@ use croner::parser::{CronParser, Seconds, Year};
 use croner::{Cron, CronDateTime};
 use serde::{Deserialize, Serialize};
 
+/// The IANA time zone database compiled into this binary (through the
+/// pinned `chrono-tz`). Replicas with different tzdata may compute different
+/// local fire times, so each node records it and reports it in its status.
+pub const TZDATA_VERSION: &str = chrono_tz::IANA_TZDB_VERSION;
+
 /// Longest accepted cron expression, in bytes.
 pub const MAX_CRON_EXPR_BYTES: usize = 256;
 /// Longest accepted fixed-rate period: 10 years of 365 days, in ms.
@@ -429,6 +434,13 @@ fn parse_cron(expr: &str, tz: &str) -> Result<ParsedCron, ScheduleError> {
         [_, _, hour, dom, _, dow] | [_, _, hour, dom, _, dow, _] => (*hour, *dom, *dow),
         other => return Err(ScheduleError::CronFieldCount { got: other.len() }),
     };
+    // croner reads `,` or `1,,2` as a list with an empty item (an empty
+    // field that never matches), and searching for it walks to the year 4999.
+    if let Some(f) = fields.iter().find(|f| f.split(',').any(str::is_empty)) {
+        return Err(ScheduleError::CronSyntax {
+            reason: format!("field \"{}\" has an empty list item", echo(f)),
+        });
+    }
     // `croner` ORs the day fields unless one is exactly `*`; Vixie cron
     // ANDs them as soon as one starts with `*` (e.g. `*/2`). Asking croner
     // for AND in that case gives the Vixie rule, since a bare `*` matches all.
@@ -1365,6 +1377,29 @@ mod tests {
     }
 
     // ---- robustness -----------------------------------------------------
+
+    /// Found by the `proto_spec` fuzz target: croner takes `,` as an empty
+    /// minute list, and the never-matching check at validation then searched
+    /// wall-clock time to the year 4999 (over 20 s per command).
+    #[test]
+    fn an_empty_list_item_is_a_syntax_error_not_a_search() {
+        for expr in [
+            ", 1 * * ?",
+            ", * * * *",
+            "1, 1 * * *",
+            "0 ,1 * * *",
+            "0 1,,2 * * *",
+            "0 1 * * 1,",
+            "0 0 1 1 * * ,",
+        ] {
+            let err = cron(expr, "UTC").validate().unwrap_err();
+            assert!(
+                matches!(&err, ScheduleError::CronSyntax { reason } if reason.contains("empty list item")),
+                "{expr}: {err}"
+            );
+        }
+        assert!(cron("0 1,2 * * 1-5", "UTC").validate().is_ok());
+    }
 
     #[test]
     fn odd_inputs_never_panic() {

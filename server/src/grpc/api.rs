@@ -548,6 +548,7 @@ impl pb::cluster_server::Cluster for Api {
                             peer_addr,
                             voter: voters.contains(&id),
                             lag: lags.get(&id).copied().unwrap_or(0),
+                            tzdata: s.tzdata,
                         }
                     }
                     None => pb::NodeStatus {

@@ -135,5 +135,6 @@ pub async fn local_status(node: &Node) -> LocalStatusResponse {
         term: m.current_term,
         leader: m.current_leader.unwrap_or(0),
         api_addr: node.addr.clone(),
+        tzdata: crate::core::schedule::TZDATA_VERSION.to_string(),
     }
 }

@@ -6,6 +6,8 @@ pub mod kv;
 pub mod log;
 pub mod sm;
 pub mod snapfile;
+#[cfg(test)]
+mod suite;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -84,6 +84,15 @@ impl StateMachine {
                 }
             }
         }
+        if let Some(before) = record_tzdata(&db.open_tree(LOCAL_TREE)?)? {
+            tracing::error!(
+                before = %before,
+                now = core::schedule::TZDATA_VERSION,
+                "this node's IANA tzdata changed since the data directory was last opened: \
+                 replicas with different tzdata may compute different cron fire times; \
+                 run the same build on every node"
+            );
+        }
         let (effects, _) = broadcast::channel(opts.effect_capacity);
         let inner = Inner {
             db,
@@ -345,6 +354,22 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     }
 }
 
+/// Node-local metadata, outside the replicated state (so outside its
+/// snapshots and digest): the tzdata version of the binary.
+const LOCAL_TREE: &str = "local";
+
+/// Stores this binary's tzdata version; returns the one stored before if it
+/// differs (a node that upgraded its tzdata).
+fn record_tzdata(local: &sled::Tree) -> Result<Option<String>, StoreError> {
+    let now = core::schedule::TZDATA_VERSION;
+    let before =
+        KvTree::get(local, keys::META_TZDATA)?.map(|b| String::from_utf8_lossy(&b).into_owned());
+    if before.as_deref() != Some(now) {
+        local.insert(keys::META_TZDATA, now.as_bytes())?;
+    }
+    Ok(before.filter(|b| b != now))
+}
+
 /// Runs blocking file and tree work off the async workers.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
@@ -451,6 +476,38 @@ impl StateMachine {
     fn receive_path(&self) -> PathBuf {
         self.inner.snapshot_path.with_extension("recv")
     }
+
+    /// Makes `snapshot.recv` hold the data handed to `install_snapshot`, durably.
+    /// Normally that is the file [`begin_receiving_snapshot`] opened, which
+    /// openraft filled chunk by chunk; but the data is whatever handle the
+    /// caller passes (openraft's storage suite passes the leader's own
+    /// snapshot file), so any other file is copied in from its start.
+    ///
+    /// [`begin_receiving_snapshot`]: RaftStateMachine::begin_receiving_snapshot
+    async fn received_file(&self, snapshot: Box<tokio::fs::File>) -> Result<PathBuf, StorageError> {
+        use std::os::unix::fs::MetadataExt;
+        use tokio::io::AsyncSeekExt;
+        let recv = self.receive_path();
+        let given = snapshot.metadata().await.map_err(snap_err)?;
+        let is_recv = match tokio::fs::metadata(&recv).await {
+            Ok(m) => (m.dev(), m.ino()) == (given.dev(), given.ino()),
+            Err(_) => false,
+        };
+        let mut src = *snapshot;
+        if is_recv {
+            src.sync_all().await.map_err(snap_err)?;
+            return Ok(recv);
+        }
+        src.seek(std::io::SeekFrom::Start(0))
+            .await
+            .map_err(snap_err)?;
+        let mut dst = tokio::fs::File::create(&recv).await.map_err(snap_err)?;
+        tokio::io::copy(&mut src, &mut dst)
+            .await
+            .map_err(snap_err)?;
+        dst.sync_all().await.map_err(snap_err)?;
+        Ok(recv)
+    }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -502,9 +559,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
-        snapshot.sync_all().await.map_err(snap_err)?;
-        drop(snapshot);
-        let recv = self.receive_path();
+        let recv = self.received_file(snapshot).await?;
         let (version, held) = {
             let recv = recv.clone();
             blocking(move || snapfile::verify(&recv)).await?
@@ -685,6 +740,28 @@ mod tests {
         drop((b, current));
         let b = open(b_dir.path());
         assert_eq!(b.digest().await, after, "reopens with the same state");
+    }
+
+    #[tokio::test]
+    async fn tzdata_is_recorded_at_open_outside_the_replicated_state() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (mut a, mut b) = (open(a_dir.path()), open(b_dir.path()));
+        a.apply([create(1)]).await.unwrap();
+        b.apply([create(1)]).await.unwrap();
+        let local = b.inner.db.open_tree(LOCAL_TREE).unwrap();
+        let stored = KvTree::get(&local, keys::META_TZDATA).unwrap();
+        assert_eq!(
+            stored.as_deref(),
+            Some(core::schedule::TZDATA_VERSION.as_bytes())
+        );
+        // A node that last ran other tzdata: reported once, then recorded.
+        local.insert(keys::META_TZDATA, &b"1999z"[..]).unwrap();
+        assert_eq!(record_tzdata(&local).unwrap().as_deref(), Some("1999z"));
+        assert_eq!(record_tzdata(&local).unwrap(), None);
+        // Node-local: not part of the digest two replicas compare.
+        local.insert(keys::META_TZDATA, &b"1999z"[..]).unwrap();
+        assert_eq!(a.digest().await, b.digest().await);
+        assert!(b.view().get(keys::META_TZDATA).is_none());
     }
 
     #[tokio::test]

@@ -843,7 +843,8 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
             .iter()
             .map(|n| json!({"id": n.id, "addr": n.addr, "peer_addr": n.peer_addr, "role": n.role,
                             "voter": n.voter, "lag": n.lag, "applied_index": n.applied_index,
-                            "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms}))
+                            "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms,
+                            "tzdata": n.tzdata}))
             .collect();
         println!("{}", json!({ "leader": s.leader, "nodes": nodes }));
         return Ok(());
@@ -869,7 +870,54 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
             n.clock_offset_ms
         );
     }
+    if let Some(w) = tzdata_warning(&s.nodes) {
+        println!("{w}");
+    }
     Ok(())
+}
+
+/// A warning when the reachable nodes run different IANA tzdata: cron fire
+/// times are computed in apply, so such replicas may diverge.
+fn tzdata_warning(nodes: &[pb::NodeStatus]) -> Option<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for n in nodes.iter().filter(|n| !n.tzdata.is_empty()) {
+        seen.push(format!("node {}: {}", n.id, n.tzdata));
+    }
+    let first = nodes.iter().find(|n| !n.tzdata.is_empty())?;
+    if nodes
+        .iter()
+        .all(|n| n.tzdata.is_empty() || n.tzdata == first.tzdata)
+    {
+        return None;
+    }
+    Some(format!(
+        "WARNING: nodes run different tzdata ({}); cron fire times may diverge, run the same build everywhere",
+        seen.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tzdata_tests {
+    use super::{pb, tzdata_warning};
+
+    fn node(id: u64, tzdata: &str) -> pb::NodeStatus {
+        pb::NodeStatus {
+            id,
+            tzdata: tzdata.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn warns_only_when_reachable_nodes_report_different_tzdata() {
+        let same = [node(1, "2025b"), node(2, "2025b"), node(3, "")];
+        assert_eq!(tzdata_warning(&same), None);
+        let w = tzdata_warning(&[node(1, "2025b"), node(2, "2024a")]).unwrap();
+        assert!(
+            w.contains("node 1: 2025b") && w.contains("node 2: 2024a"),
+            "{w}"
+        );
+    }
 }
 
 #[tokio::main]
