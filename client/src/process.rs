@@ -149,6 +149,43 @@ impl Drop for ProcessGroup {
     }
 }
 
+/// SIGINT and SIGTERM, each delivery counted: what a process of ours
+/// treats as "stop" (a second one as "stop now").
+pub struct StopSignals {
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    pub fn new() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        StopSignals {
+            term: signal(SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// Resolves at the next SIGINT or SIGTERM.
+    pub async fn next(&mut self) {
+        let term = async {
+            match self.term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+    }
+}
+
+impl Default for StopSignals {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -592,7 +592,9 @@ async fn bootstrap_admin(node: Arc<Node>, hash: String) {
 const API_ADDR_TICK: Duration = Duration::from_secs(1);
 const API_ADDR_REFRESH_TICKS: u32 = 30;
 
-/// Learns the other members' public addresses over the peer channel.
+/// Learns the other members' public addresses over the peer channel, and
+/// says loudly (at every refresh) when a member runs other tzdata: cron fire
+/// times are decided in apply, so replicas with different tzdata may diverge.
 async fn learn_api_addrs(node: Arc<Node>) {
     let mut tick = 0u32;
     loop {
@@ -608,6 +610,15 @@ async fn learn_api_addrs(node: Arc<Node>) {
             async move {
                 if let Some(s) = node.peer_status(*id, peer).await {
                     node.learn_api_addr(*id, &s.api_addr);
+                    let ours = crate::core::schedule::TZDATA_VERSION;
+                    if !s.tzdata.is_empty() && s.tzdata != ours {
+                        tracing::error!(
+                            peer = id,
+                            peer_tzdata = %s.tzdata,
+                            our_tzdata = ours,
+                            "a member runs different tzdata: cron fire times may diverge; run the same build on every node"
+                        );
+                    }
                 }
             }
         });

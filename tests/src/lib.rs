@@ -288,6 +288,26 @@ impl Cluster {
         n.child = Some(child);
     }
 
+    /// SIGTERM, then waits up to `timeout` for the process to exit; returns
+    /// its exit status (None if it did not exit in time: it is then killed).
+    pub fn terminate(&mut self, id: u64, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.node_mut(id).child.take()?;
+        if matches!(c.try_wait(), Ok(None)) {
+            let pid = rustix::process::Pid::from_child(&c);
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(status)) = c.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+
     /// SIGKILL: no shutdown path runs.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut c) = self.node_mut(id).child.take() {

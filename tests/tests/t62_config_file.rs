@@ -1,6 +1,7 @@
 //! Issue #12: `kairos config check FILE` validates a `serve --config` file
 //! without starting: unknown keys and bad values are refused naming the key,
-//! and the `KAIROS_*` environment overrides the file.
+//! and the `KAIROS_*` environment overrides the file. SIGTERM stops a node
+//! cleanly (exit status 0) and it restarts from its data.
 
 use std::process::Command;
 
@@ -65,4 +66,28 @@ fn the_environment_overrides_the_file() {
     // The file's timeouts are valid; the environment's election minimum is not.
     let (ok, text) = check(GOOD, &[("KAIROS_ELECTION_MIN_MS", "900")]);
     assert!(!ok && text.contains("election timeouts"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_node_cleanly_and_it_restarts_from_its_data() {
+    let mut cluster = kairos_tests::Cluster::start(1, &[]);
+    cluster.wait_leader().await;
+    let c = cluster.client();
+    kairos_tests::create(&c, kairos_tests::every_job("kept", "g", 60_000))
+        .await
+        .unwrap();
+    let status = cluster
+        .terminate(1, std::time::Duration::from_secs(30))
+        .expect("the node exits on SIGTERM");
+    assert!(status.success(), "exit status {status:?}");
+    cluster.start_node(1);
+    cluster.wait_leader().await;
+    let job = c
+        .jobs(|mut j| async move {
+            j.get_job(kairos_client::pb::JobRef { id: "kept".into() })
+                .await
+        })
+        .await
+        .expect("the job survives the restart");
+    assert_eq!(job.spec.map(|s| s.id), Some("kept".to_string()));
 }

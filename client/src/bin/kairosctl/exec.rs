@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use kairos_client::process::{ProcessGroup, Stopped};
+use kairos_client::process::{ProcessGroup, StopSignals, Stopped};
 use kairos_client::worker::{now_ms, Outcome, Task, Worker};
 use kairos_client::Security;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -157,35 +157,6 @@ pub async fn run(endpoints: Vec<String>, security: Security, a: WorkerArgs) -> a
         shutdown,
     )
     .await
-}
-
-/// SIGINT and SIGTERM, each delivery counted.
-struct StopSignals {
-    term: Option<tokio::signal::unix::Signal>,
-}
-
-impl StopSignals {
-    fn new() -> Self {
-        use tokio::signal::unix::{signal, SignalKind};
-        StopSignals {
-            term: signal(SignalKind::terminate()).ok(),
-        }
-    }
-
-    async fn next(&mut self) {
-        let term = async {
-            match self.term.as_mut() {
-                Some(t) => {
-                    t.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term => {}
-        }
-    }
 }
 
 /// Why a run was cut short.

@@ -319,22 +319,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--http {}", a.http))?;
     // SIGINT or SIGTERM: stop serving and shut raft down cleanly.
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let term = async {
-            match term.as_mut() {
-                Some(t) => {
-                    t.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term => {}
-        }
-    };
+    let mut stop = kairos_client::process::StopSignals::new();
+    let shutdown = async move { stop.next().await };
     run(config, grpc, peer, Some(http), shutdown).await
 }
 
