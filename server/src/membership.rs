@@ -63,9 +63,7 @@ fn settled(node: &Node) -> Result<Members, MembershipError> {
             "a membership change is in progress (not yet applied); retry when it completes",
         ));
     }
-    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-    let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
-    Ok(Members { voters, learners })
+    Ok(members_now(node))
 }
 
 /// Voters of `set` that answer now (this node counts as reachable).

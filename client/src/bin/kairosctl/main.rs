@@ -219,20 +219,13 @@ enum ClusterCmd {
 const PROMOTE_LAG_MAX: u64 = 100;
 
 async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result<()> {
-    use pb::cluster_client::ClusterClient;
     let print =
         |m: &pb::MembershipResponse| println!("voters {:?}, learners {:?}", m.voters, m.learners);
     match cmd {
         ClusterCmd::Status => cluster_status(c, out).await?,
         ClusterCmd::AddLearner { id, peer_addr } => print(&add_learner(c, id, &peer_addr).await?),
         ClusterCmd::Promote { id } => print(&promote(c, id).await?),
-        ClusterCmd::Remove { id } => {
-            let req = pb::NodeRef { id };
-            let m = c
-                .call(|ch| async move { ClusterClient::new(ch).remove_node(req).await })
-                .await?;
-            print(&m)
-        }
+        ClusterCmd::Remove { id } => print(&remove_node(c, id).await?),
         ClusterCmd::Replace {
             old_id,
             new_id,
@@ -255,11 +248,7 @@ async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result
             }
             if member(old_id).is_some() {
                 println!("removing node {old_id}");
-                let req = pb::NodeRef { id: old_id };
-                let m = c
-                    .call(|ch| async move { ClusterClient::new(ch).remove_node(req).await })
-                    .await?;
-                print(&m);
+                print(&remove_node(c, old_id).await?);
             } else {
                 println!("node {old_id} is not a member (already removed)");
             }
@@ -283,6 +272,15 @@ async fn add_learner(
         async move { ClusterClient::new(ch).add_learner(req).await }
     })
     .await?)
+}
+
+async fn remove_node(c: &Client, id: u64) -> anyhow::Result<pb::MembershipResponse> {
+    use pb::cluster_client::ClusterClient;
+    let req = pb::NodeRef { id };
+    Ok(
+        c.call(|ch| async move { ClusterClient::new(ch).remove_node(req).await })
+            .await?,
+    )
 }
 
 async fn promote(c: &Client, id: u64) -> anyhow::Result<pb::MembershipResponse> {
