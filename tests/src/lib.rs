@@ -393,10 +393,11 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // The failing test's evidence: each node's last log lines.
-            for n in &self.nodes {
+            for n in &mut self.nodes {
                 let log = std::fs::read_to_string(n.data.with_extension("log")).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(40).collect();
                 eprintln!("--- node {} log (last 40 lines) ---", n.id);
+                eprintln!("(process: {})", process_state(n.child.as_mut()));
                 tail.iter().rev().for_each(|l| eprintln!("{l}"));
             }
         }
@@ -406,6 +407,31 @@ impl Drop for Cluster {
                 let _ = c.wait();
             }
         }
+    }
+}
+
+/// What a node's process is doing, for a failing test's evidence: exited
+/// (with its status), or its /proc state letter and name.
+fn process_state(child: Option<&mut Child>) -> String {
+    let Some(c) = child else {
+        return "not running (killed by the test)".into();
+    };
+    match c.try_wait() {
+        Ok(Some(status)) => format!("exited: {status}"),
+        Ok(None) => {
+            let stat =
+                std::fs::read_to_string(format!("/proc/{}/stat", c.id())).unwrap_or_default();
+            let state = stat
+                .rsplit_once(')')
+                .map(|(_, r)| r.trim().to_string())
+                .unwrap_or_default();
+            format!(
+                "pid {} alive, /proc stat: {}",
+                c.id(),
+                state.chars().take(60).collect::<String>()
+            )
+        }
+        Err(e) => format!("unknown: {e}"),
     }
 }
 
