@@ -367,6 +367,77 @@ pub fn write_offset(path: &Path, offset_s: i64) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// Three loopback slots whose "kairos" is `echo`: each start writes its
+    /// command line into the slot's log.
+    fn echo_cluster(dir: &Path) -> Cluster {
+        let specs = (1..=3u64)
+            .map(|id| NodeSpec {
+                id,
+                listen: format!("127.0.0.1:{}", 1_000 + id),
+                peer: format!("127.0.0.1:{}", 1_200 + id),
+                http: format!("127.0.0.1:{}", 1_100 + id),
+                netns: None,
+                dir: dir.join(format!("n{id}")),
+            })
+            .collect();
+        Cluster::new(PathBuf::from("/bin/echo"), "test".into(), specs, false).unwrap()
+    }
+
+    /// Waits (up to 10 s) until slot `idx`'s log holds `text`: `echo` has run.
+    fn wait_log(c: &Cluster, idx: usize, text: &str) -> String {
+        for _ in 0..1_000 {
+            let log = std::fs::read_to_string(c.nodes[idx].log_path()).unwrap_or_default();
+            if log.contains(text) {
+                return log;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("slot {idx}'s log never showed {text:?}");
+    }
+
+    #[test]
+    fn a_slot_hosts_fresh_ids_never_reused_and_wipes_retired_data() {
+        let dir = std::env::temp_dir().join(format!("kj-slots-{}", std::process::id()));
+        let c = echo_cluster(&dir);
+        c.start(1).unwrap();
+        let log = wait_log(&c, 1, "--id 2 ");
+        let peers = "--peers 1=127.0.0.1:1201,2=127.0.0.1:1202,3=127.0.0.1:1203";
+        assert!(log.contains(peers), "{log}");
+        assert_eq!((c.id(1), c.next_id(1)), (Some(2), Some(5)));
+        assert!(c.start_fresh(1).is_err(), "slot 1 is not vacant");
+        std::fs::write(c.nodes[1].data_dir(2).join("db"), b"x").unwrap();
+
+        assert_eq!(c.retire(1).unwrap(), 2);
+        assert!(!c.nodes[1].data_dir(2).exists(), "retired data wiped");
+        assert_eq!(c.id(1), None);
+        assert!(
+            !c.restart_if_down(1).unwrap(),
+            "a vacant slot starts nothing"
+        );
+        assert!(c.start(1).is_err());
+
+        assert_eq!(c.start_fresh(1).unwrap(), 5);
+        assert_eq!(c.id(1), Some(5));
+        assert!(c.nodes[1].data_dir(5).exists());
+        let log = wait_log(&c, 1, "--id 5 ");
+        assert!(
+            log.contains("--join 127.0.0.1:1001,127.0.0.1:1003"),
+            "{log}"
+        );
+
+        let mut ids = vec![5];
+        while c.next_id(1).is_some() {
+            c.retire(1).unwrap();
+            ids.push(c.start_fresh(1).unwrap());
+        }
+        assert_eq!(ids.last(), Some(&62));
+        assert!(ids.windows(2).all(|w| w[1] == w[0] + 3));
+        c.retire(1).unwrap();
+        assert!(c.start_fresh(1).is_err(), "ids stop at {ID_MAX}");
+        drop(c);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     #[test]
     fn offsets_are_signed_seconds() {
         let dir = std::env::temp_dir().join(format!("kj-offset-{}", std::process::id()));

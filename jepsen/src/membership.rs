@@ -28,7 +28,7 @@ use crate::client::{self, code_name, leader_view, Node};
 use crate::cluster::Cluster;
 use crate::event::{Event, NemesisEvent, Phase};
 use crate::generator::{member_change, ChangeKind, MemberChange, Target, MEMBERSHIP};
-use crate::nemesis::stopped_during;
+use crate::nemesis::{stopped_during, until_stopped};
 use kairos_proto::v1::{MembershipResponse, StatusResponse};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -63,6 +63,8 @@ enum Pending {
     /// Remove node `old` living in `slot`, then start a fresh node there
     /// (`refill`) or leave the slot vacant.
     Remove { slot: usize, old: u64, refill: bool },
+    /// Start a fresh node in vacant `slot`, then add it.
+    Fill { slot: usize },
     /// The fresh node `id` living in `slot`: add it as a learner, wait until
     /// it has caught up, promote it.
     Add { slot: usize, id: u64 },
@@ -72,6 +74,7 @@ impl Pending {
     fn nodes(&self) -> Vec<u64> {
         match self {
             Pending::Remove { old, .. } => vec![*old],
+            Pending::Fill { .. } => vec![],
             Pending::Add { id, .. } => vec![*id],
         }
     }
@@ -146,10 +149,9 @@ impl Membership {
             if stopped_during(&mut stop, at).await {
                 return;
             }
-            let mut cut = stop.clone();
             let done = tokio::select! {
                 d = self.step(change) => d,
-                _ = stopped_during(&mut cut, Instant::now() + Duration::from_secs(3_600)) => false,
+                _ = until_stopped(stop.clone()) => false,
             };
             self.stop_event(done).await;
         }
@@ -160,7 +162,7 @@ impl Membership {
     async fn step(&mut self, change: MemberChange) -> bool {
         self.step = self.rec.next_nemesis_id();
         let kind = match self.pending {
-            Some(_) => "resume".to_string(),
+            Some(_) => "resume",
             None => match self.begin(change).await {
                 Ok(kind) => kind,
                 Err(why) => {
@@ -171,16 +173,17 @@ impl Membership {
         };
         let nodes = self.pending.map(|p| p.nodes()).unwrap_or_default();
         let detail = format!("{:?}", self.pending);
-        self.step_event(Phase::Start, &kind, nodes, detail).await;
+        self.step_event(Phase::Start, kind, nodes, detail).await;
         self.open = true;
         self.advance(change.kill_leader_at).await
     }
 
-    /// Picks the concrete change for the cluster as it is; its name.
-    async fn begin(&mut self, c: MemberChange) -> Result<String, String> {
+    /// Picks the concrete change for the cluster as it is (it acts on
+    /// nothing yet); its name.
+    async fn begin(&mut self, c: MemberChange) -> Result<&'static str, String> {
         if let Some(slot) = self.vacant_slot() {
-            self.pending = Some(self.fill(slot)?);
-            return Ok("grow".into());
+            self.pending = Some(Pending::Fill { slot });
+            return Ok("grow");
         }
         let slot = match c.target {
             Target::Node(i) => i % self.nodes.len(),
@@ -192,21 +195,11 @@ impl Membership {
         }
         let refill = c.kind == ChangeKind::Replace;
         self.pending = Some(Pending::Remove { slot, old, refill });
-        Ok(if refill { "replace" } else { "shrink" }.into())
+        Ok(if refill { "replace" } else { "shrink" })
     }
 
     fn vacant_slot(&self) -> Option<usize> {
         (0..self.nodes.len()).find(|i| self.cluster.id(*i).is_none())
-    }
-
-    /// Starts a fresh node in vacant `slot`.
-    fn fill(&self, slot: usize) -> Result<Pending, String> {
-        let id = self
-            .cluster
-            .start_fresh(slot)
-            .map_err(|e| format!("{e:#}"))?;
-        self.nodes[slot].set_id(id);
-        Ok(Pending::Add { slot, id })
     }
 
     /// Carries the pending change as far as the cluster lets it; true when
@@ -227,17 +220,23 @@ impl Membership {
                     }
                     self.info(vec![old], format!("stopped node {old}, wiped its data"))
                         .await;
-                    self.pending = None;
-                    if refill {
-                        match self.fill(slot) {
-                            Ok(p) => self.pending = Some(p),
-                            Err(e) => {
-                                self.info(vec![], format!("slot {slot} left vacant: {e}"))
-                                    .await
-                            }
-                        }
-                    }
+                    self.pending = refill.then_some(Pending::Fill { slot });
                 }
+                Some(Pending::Fill { slot }) => match self.cluster.start_fresh(slot) {
+                    Ok(id) => {
+                        self.nodes[slot].set_id(id);
+                        self.info(vec![id], format!("started fresh node {id} in slot {slot}"))
+                            .await;
+                        self.pending = Some(Pending::Add { slot, id });
+                    }
+                    Err(e) => {
+                        // Only a slot out of ids fails here: it stays vacant.
+                        self.info(vec![], format!("slot {slot} left vacant: {e:#}"))
+                            .await;
+                        self.pending = None;
+                        return false;
+                    }
+                },
                 Some(Pending::Add { slot, id }) => {
                     // An earlier promote whose answer was lost may have made it.
                     if self.settled_voter(id).await {
@@ -434,16 +433,17 @@ impl Membership {
         let deadline = Instant::now() + limit;
         let whole = loop {
             if self.pending.is_none() {
-                if let Some(slot) = self.vacant_slot() {
-                    match self.fill(slot) {
-                        Ok(p) => self.pending = Some(p),
-                        Err(e) => {
-                            self.info(vec![], e).await;
-                            break false;
-                        }
+                match self.vacant_slot() {
+                    Some(slot) if self.cluster.next_id(slot).is_some() => {
+                        self.pending = Some(Pending::Fill { slot })
                     }
-                } else if self.whole().await {
-                    break true;
+                    Some(slot) => {
+                        let note = format!("slot {slot} is vacant and has no fresh id left");
+                        self.info(vec![], note).await;
+                        break false;
+                    }
+                    None if self.whole().await => break true,
+                    None => {}
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());

@@ -350,6 +350,13 @@ pub async fn stopped_during(stop: &mut watch::Receiver<bool>, at: Instant) -> bo
     }
 }
 
+/// Returns once stop is signalled; never if the sender went away without.
+pub async fn until_stopped(mut stop: watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 async fn strobe(cluster: Arc<Cluster>, idx: usize, offset_s: i64, period_ms: u64) {
     let mut on = true;
     loop {
