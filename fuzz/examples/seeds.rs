@@ -34,7 +34,7 @@ fn log_id(index: u64) -> LogId {
 fn entry(index: u64, cmd: Command) -> Entry {
     Entry {
         log_id: log_id(index),
-        payload: EntryPayload::Normal(cmd),
+        payload: EntryPayload::Normal(cmd.into()),
     }
 }
 

@@ -79,14 +79,7 @@ pub struct Restored {
 pub async fn restore(node: &Node, path: &Path) -> Result<Restored, BackupError> {
     leader_only(node)?;
     let refused = |e: std::io::Error| BackupError::Refused(format!("backup file: {e}"));
-    let (version, meta) =
-        tokio::task::block_in_place(|| snapfile::verify(path)).map_err(refused)?;
-    if version != keys::STATE_VERSION {
-        return Err(BackupError::Refused(format!(
-            "backup file: format version {version}, this cluster understands {}",
-            keys::STATE_VERSION
-        )));
-    }
+    let (_, meta) = tokio::task::block_in_place(|| snapfile::verify(path)).map_err(refused)?;
     let backup_index = meta.last_log_id.map_or(0, |l| l.index);
     let mut reader = snapfile::Reader::open(path).map_err(refused)?;
     let mut pairs = 0u64;

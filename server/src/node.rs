@@ -185,7 +185,7 @@ const BATCH_QUEUE: usize = 65_536;
 
 impl Node {
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
-        let res = tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(cmd)).await;
+        let res = tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(cmd.into())).await;
         match res {
             Err(_) => Err(ProposeError::Timeout),
             Ok(Ok(r)) => Ok(r.data),

@@ -40,9 +40,19 @@ pub mod limits {
     pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
     pub const DEFAULT_BACKOFF_MS: u64 = 1_000;
     pub const DEFAULT_PRIORITY: u8 = 5;
-    /// Run records kept per job: creating one more deletes the oldest
-    /// finished record (active runs are never deleted).
-    pub const RUN_HISTORY_MAX: u64 = 10_000;
+    /// Finished run records a job keeps unless its `keep_runs` says
+    /// otherwise: creating one more deletes the oldest finished record
+    /// (active runs are never deleted).
+    pub const KEEP_RUNS_DEFAULT: u64 = 10_000;
+    /// The most a job's `keep_runs` may be.
+    pub const KEEP_RUNS_MAX: u64 = 100_000;
+    /// The longest a job's `keep_for` may be (10 years).
+    pub const KEEP_FOR_MAX_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
+    /// Run records one `Housekeep` command may delete (runs of deleted
+    /// jobs, runs past their job's `keep_runs` or `keep_for`).
+    pub const HOUSEKEEP_DELETES_MAX: u32 = 4096;
+    /// Jobs one `Housekeep` command looks at.
+    pub const HOUSEKEEP_JOBS_MAX: usize = 256;
     /// Runs of one job not yet terminal. An occurrence that would exceed it
     /// is recorded skipped, and a manual retry is refused; so cancelling a
     /// job's runs (delete, `replace`) touches at most this many.
@@ -190,6 +200,11 @@ pub struct Policy {
     pub overlap: Overlap,
     pub route: Route,
     pub fanout: Fanout,
+    /// Run records kept: beyond this the oldest finished ones are deleted.
+    pub keep_runs: u64,
+    /// Finished runs older than this (by finish time) are deleted; 0 keeps
+    /// them regardless of age.
+    pub keep_for_ms: u64,
 }
 
 impl Default for Policy {
@@ -204,6 +219,8 @@ impl Default for Policy {
             overlap: Overlap::Allow,
             route: Route::LeastLoaded,
             fanout: Fanout::One,
+            keep_runs: limits::KEEP_RUNS_DEFAULT,
+            keep_for_ms: 0,
         }
     }
 }
@@ -237,6 +254,10 @@ pub struct Job {
     pub buffered_at_ms: Option<i64>,
     /// Run records of this job currently stored (for history retention).
     pub history_len: u64,
+    /// When housekeeping should next look at this job's oldest runs (its
+    /// one `RETENTION_DUE` entry): never later than the moment one of them
+    /// may be deleted (`keep_runs` exceeded, or `keep_for` passed).
+    pub retention_due_ms: Option<i64>,
 }
 
 /// Identity of a run: one shard of one occurrence of a job. The triple is

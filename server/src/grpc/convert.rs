@@ -75,6 +75,8 @@ pub fn policy_in(s: &pb::JobSpec) -> Result<Policy, Status> {
         backoff_ms: or_default(s.backoff_ms, limits::DEFAULT_BACKOFF_MS),
         priority: priority as u8,
         overlap,
+        keep_runs: or_default(s.keep_runs, limits::KEEP_RUNS_DEFAULT),
+        keep_for_ms: s.keep_for_ms,
     })
 }
 
@@ -167,6 +169,8 @@ pub fn job_out(j: &Job) -> pb::Job {
             _ => None,
         },
         broadcast: p.fanout == Fanout::Broadcast,
+        keep_runs: p.keep_runs,
+        keep_for_ms: p.keep_for_ms,
     };
     pb::Job {
         spec: Some(spec),

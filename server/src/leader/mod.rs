@@ -5,6 +5,7 @@
 //! decides; dispatch follows only from committed effects.
 
 pub mod dispatch;
+pub mod housekeep;
 pub mod wheel;
 
 use std::sync::Arc;
@@ -82,6 +83,7 @@ fn stop(node: &Node, task: Option<(u64, tokio::task::JoinHandle<()>)>) {
 async fn lead(node: Arc<Node>) {
     // Aborted with this task when leadership ends.
     let _prober = AbortOnDrop(tokio::spawn(probe_clocks(node.clone())));
+    let _housekeeper = AbortOnDrop(tokio::spawn(housekeep::run(node.clone())));
     let mut backoff = Duration::from_millis(250);
     loop {
         let started_ms = node.clock.mono_ms();

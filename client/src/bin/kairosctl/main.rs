@@ -162,6 +162,14 @@ struct SpecArgs {
     /// One run per worker of the group connected when the occurrence fires.
     #[arg(long)]
     broadcast: bool,
+    /// Finished run records kept, 1 to 100000 (default 10000); the oldest
+    /// finished ones beyond it are deleted. Active runs are always kept.
+    #[arg(long)]
+    keep_runs: Option<u64>,
+    /// Delete finished runs older than this, e.g. 7d (default: keep them
+    /// regardless of age).
+    #[arg(long)]
+    keep_for: Option<String>,
 }
 
 /// Parses `key=value` for `--label`.
@@ -556,6 +564,8 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         labels: a.labels.iter().cloned().collect(),
         shards: a.shards,
         broadcast: a.broadcast,
+        keep_runs: a.keep_runs.unwrap_or(0),
+        keep_for_ms: opt_ms(&a.keep_for)?,
     })
 }
 
@@ -584,6 +594,28 @@ fn schedule_text(s: &Option<pb::Schedule>) -> String {
     }
 }
 
+/// A duration in its largest whole unit: 7d, 90m, 1500ms.
+fn ms_text(ms: u64) -> String {
+    let units = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ];
+    match units.iter().find(|(n, _)| ms > 0 && ms % n == 0) {
+        Some((n, unit)) => format!("{}{unit}", ms / n),
+        None => format!("{ms}ms"),
+    }
+}
+
+/// History limits: "3 runs", or "3 runs/7d" with an age limit.
+fn keep_text(s: &pb::JobSpec) -> String {
+    match s.keep_for_ms {
+        0 => format!("{} runs", s.keep_runs),
+        ms => format!("{} runs/{}", s.keep_runs, ms_text(ms)),
+    }
+}
+
 fn time_text(ms: i64) -> String {
     if ms == 0 {
         return "-".into();
@@ -601,6 +633,7 @@ fn job_json(j: &pb::Job) -> Value {
         "created_at_ms": j.created_at_ms, "updated_at_ms": j.updated_at_ms, "next_fire_at_ms": j.next_fire_at_ms,
         "priority": s.priority, "max_attempts": s.max_attempts, "timeout_ms": s.timeout_ms,
         "route": route_text(s.route), "labels": s.labels, "shards": s.shards, "broadcast": s.broadcast,
+        "keep_runs": s.keep_runs, "keep_for_ms": s.keep_for_ms,
     })
 }
 
@@ -628,19 +661,20 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
         return;
     }
     println!(
-        "{:<24} {:<12} {:<32} {:>4} {:<7} NEXT FIRE",
-        "ID", "GROUP", "SCHEDULE", "REV", "PAUSED"
+        "{:<24} {:<12} {:<32} {:>4} {:<7} {:<18} NEXT FIRE",
+        "ID", "GROUP", "SCHEDULE", "REV", "PAUSED", "KEEP"
     );
     for j in jobs {
         let s = j.spec.clone().unwrap_or_default();
         let sched = schedule_text(&s.schedule);
         println!(
-            "{:<24} {:<12} {:<32} {:>4} {:<7} {}",
+            "{:<24} {:<12} {:<32} {:>4} {:<7} {:<18} {}",
             s.id,
             s.group,
             sched,
             j.revision,
             j.paused,
+            keep_text(&s),
             time_text(j.next_fire_at_ms)
         );
     }
@@ -986,6 +1020,9 @@ mod tests {
 
     #[test]
     fn durations() {
+        assert_eq!(super::ms_text(7 * 86_400_000), "7d");
+        assert_eq!(super::ms_text(90 * 60_000), "90m");
+        assert_eq!(super::ms_text(1500), "1500ms");
         assert_eq!(duration_ms("200ms").unwrap(), 200);
         assert_eq!(duration_ms("1h30m").unwrap(), 5_400_000);
         assert_eq!(duration_ms("2d").unwrap(), 172_800_000);
