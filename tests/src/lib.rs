@@ -341,6 +341,23 @@ impl Cluster {
             .with_security(self.security.clone())
     }
 
+    /// Runs `kairosctl` against this cluster's endpoints: whether it
+    /// succeeded, and its stdout followed by its stderr.
+    pub fn kairosctl(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(kairosctl_bin())
+            .arg("--endpoints")
+            .arg(self.endpoints().join(","))
+            .args(args)
+            .output()
+            .expect("run kairosctl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
     /// Waits until a leader is elected and every live node reports it; returns its id.
     pub async fn wait_leader(&self) -> u64 {
         let c = self.client();

@@ -12,22 +12,7 @@ use std::time::{Duration, Instant};
 use kairos_client::worker::{Outcome, Task, Worker};
 use kairos_client::{pb, Client};
 use kairos_server::core::keys::STATE_VERSION;
-use kairos_tests::{create, every_job, kairos_bin, kairosctl_bin, wait_for, Cluster};
-
-fn kairosctl(cluster: &Cluster, args: &[&str]) -> (bool, String) {
-    let out = Command::new(kairosctl_bin())
-        .arg("--endpoints")
-        .arg(cluster.endpoints().join(","))
-        .args(args)
-        .output()
-        .expect("run kairosctl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
+use kairos_tests::{create, every_job, kairos_bin, wait_for, Cluster};
 
 async fn get_job(c: &Client, id: &str) -> pb::Job {
     let r = pb::JobRef { id: id.into() };
@@ -96,9 +81,9 @@ async fn history_limits_hold_and_a_deleted_jobs_runs_go_on_every_node() {
         "--keep-for",
         "1h",
     ];
-    let (ok, out) = kairosctl(&cluster, &create_args);
+    let (ok, out) = cluster.kairosctl(&create_args);
     assert!(ok && out.contains("3 runs/1h"), "{out}");
-    let (ok, out) = kairosctl(&cluster, &["--output", "json", "job", "get", "keep3"]);
+    let (ok, out) = cluster.kairosctl(&["--output", "json", "job", "get", "keep3"]);
     assert!(ok, "{out}");
     let got: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(
@@ -117,7 +102,7 @@ async fn history_limits_hold_and_a_deleted_jobs_runs_go_on_every_node() {
         "--keep-runs",
         "100001",
     ];
-    let (ok, out) = kairosctl(&cluster, &too_many);
+    let (ok, out) = cluster.kairosctl(&too_many);
     assert!(!ok, "{out}");
     assert!(
         out.contains("keep_runs: must be between 1 and 100000, got 100001"),
@@ -137,7 +122,7 @@ async fn history_limits_hold_and_a_deleted_jobs_runs_go_on_every_node() {
         },
     )
     .await;
-    let (ok, out) = kairosctl(&cluster, &["job", "pause", "keep3"]);
+    let (ok, out) = cluster.kairosctl(&["job", "pause", "keep3"]);
     assert!(ok, "{out}");
     let kept = runs_on_every_node(&cluster, "keep3", 3).await;
     let ok = pb::RunState::Succeeded as i32;
@@ -159,7 +144,7 @@ async fn history_limits_hold_and_a_deleted_jobs_runs_go_on_every_node() {
         })
         .await;
     }
-    let (ok, out) = kairosctl(&cluster, &["job", "delete", "doomed"]);
+    let (ok, out) = cluster.kairosctl(&["job", "delete", "doomed"]);
     assert!(ok, "{out}");
     runs_on_every_node(&cluster, "doomed", 0).await;
     assert_eq!(runs_on_every_node(&cluster, "keep3", 3).await, kept);

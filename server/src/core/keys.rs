@@ -80,22 +80,32 @@ pub fn time_from(b: &[u8]) -> Option<i64> {
 }
 
 pub fn job(id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + id.len());
-    k.push(JOB);
-    k.extend_from_slice(id.as_bytes());
-    k
+    named(JOB, id)
 }
 
-pub fn token(name: &str) -> Vec<u8> {
-    let mut k = vec![TOKEN];
+/// `space, name`.
+fn named(space: u8, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + name.len());
+    k.push(space);
     k.extend_from_slice(name.as_bytes());
     k
 }
 
-pub fn token_hash(hash: &str) -> Vec<u8> {
-    let mut k = vec![TOKEN_HASH];
-    k.extend_from_slice(hash.as_bytes());
+/// `space, at (8, time order), name`: sorts by time, then name.
+fn timed(space: u8, at_ms: i64, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + name.len());
+    k.push(space);
+    k.extend_from_slice(&time_bytes(at_ms));
+    k.extend_from_slice(name.as_bytes());
     k
+}
+
+pub fn token(name: &str) -> Vec<u8> {
+    named(TOKEN, name)
+}
+
+pub fn token_hash(hash: &str) -> Vec<u8> {
+    named(TOKEN_HASH, hash)
 }
 
 /// Prefix of one job id's revision records (job ids have no `/`).
@@ -114,30 +124,20 @@ pub fn job_history(job: &str, created_at_ms: i64, revision: u64) -> Vec<u8> {
 }
 
 pub fn dedup(request_id: &str) -> Vec<u8> {
-    let mut k = vec![DEDUP];
-    k.extend_from_slice(request_id.as_bytes());
-    k
+    named(DEDUP, request_id)
 }
 
 /// Expiry order: time the entry was written, then the request id.
 pub fn dedup_order(at_ms: i64, request_id: &str) -> Vec<u8> {
-    let mut k = vec![DEDUP_ORDER];
-    k.extend_from_slice(&time_bytes(at_ms));
-    k.extend_from_slice(request_id.as_bytes());
-    k
+    timed(DEDUP_ORDER, at_ms, request_id)
 }
 
 pub fn deleted_job(id: &str) -> Vec<u8> {
-    let mut k = vec![DELETED_JOB];
-    k.extend_from_slice(id.as_bytes());
-    k
+    named(DELETED_JOB, id)
 }
 
 pub fn retention_due(at_ms: i64, job: &str) -> Vec<u8> {
-    let mut k = vec![RETENTION_DUE];
-    k.extend_from_slice(&time_bytes(at_ms));
-    k.extend_from_slice(job.as_bytes());
-    k
+    timed(RETENTION_DUE, at_ms, job)
 }
 
 /// The job of a `deleted_job` key.
@@ -152,7 +152,12 @@ pub fn retention_job_from(key: &[u8]) -> Option<&str> {
 
 /// Exclusive upper bound of `retention_due` keys due at or before `t`.
 pub fn retention_due_upto(t: i64) -> Vec<u8> {
-    let mut v = vec![RETENTION_DUE];
+    time_upto(RETENTION_DUE, t)
+}
+
+/// Exclusive upper bound of the keys of a time-first space at or before `t`.
+fn time_upto(space: u8, t: i64) -> Vec<u8> {
+    let mut v = vec![space];
     v.extend_from_slice(&time_bytes(t.saturating_add(1)));
     v
 }
@@ -194,9 +199,7 @@ pub fn wheel_from(key: &[u8]) -> Option<WheelKey> {
 
 /// Exclusive upper bound of wheel keys due at or before `t`.
 pub fn wheel_upto(t: i64) -> Vec<u8> {
-    let mut v = vec![WHEEL];
-    v.extend_from_slice(&time_bytes(t.saturating_add(1)));
-    v
+    time_upto(WHEEL, t)
 }
 
 /// `prefix, len(job), job, scheduled_at (8, time order), shard (4, big-endian)`:
