@@ -8,6 +8,7 @@
 //! the last voter, promoting a node that is not a learner.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -18,6 +19,9 @@ use crate::raft::NodeId;
 
 /// How long a voter may take to answer before it counts as unreachable.
 const REACH_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// How often a leader looks for a joint configuration nobody is finishing.
+const INTERRUPTED_CHECK: Duration = Duration::from_secs(1);
 
 /// Why a change was not made.
 #[derive(Debug, thiserror::Error)]
@@ -204,4 +208,50 @@ pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError>
         .await
         .map_err(raft_error)?;
     Ok(members_now(node))
+}
+
+/// Finishes a membership change its leader did not live to finish.
+///
+/// openraft moves a change through a joint configuration in two log entries,
+/// both proposed by the leader that took the request. If that leader dies
+/// between them, the next leader inherits a committed joint configuration
+/// that nothing drives on, and every later change would be refused as "in
+/// progress". So the leader checks once per [`INTERRUPTED_CHECK`]: a
+/// committed joint configuration seen at two checks in a row (a live change
+/// finishes its second step within milliseconds) is moved to its target
+/// voters.
+pub async fn finish_interrupted(node: Arc<Node>) {
+    let mut seen: Option<u64> = None;
+    loop {
+        tokio::time::sleep(INTERRUPTED_CHECK).await;
+        let m = node.raft.metrics().borrow().clone();
+        let stored = &m.membership_config;
+        let joint = stored.membership().get_joint_config();
+        let index = stored.log_id().map(|l| l.index);
+        let committed = m.last_applied.map(|l| l.index) >= index;
+        let stuck = m.current_leader == Some(node.id) && joint.len() > 1 && committed;
+        if !stuck {
+            seen = None;
+            continue;
+        }
+        if seen != index {
+            seen = index;
+            continue;
+        }
+        let target = joint.last().cloned().unwrap_or_default();
+        tracing::warn!(
+            ?joint,
+            ?target,
+            "finishing a membership change interrupted by a leader change"
+        );
+        match node
+            .raft
+            .change_membership(ChangeMembers::ReplaceAllVoters(target), false)
+            .await
+        {
+            Ok(_) => tracing::info!("interrupted membership change finished"),
+            Err(e) => tracing::warn!("finishing the interrupted membership change: {e}"),
+        }
+        seen = None;
+    }
 }

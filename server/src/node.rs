@@ -236,6 +236,12 @@ impl Node {
     }
 
     /// Voters of the current membership with their peer addresses.
+    /// Is the membership a joint configuration (a change between its steps)?
+    pub fn membership_changing(&self) -> bool {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().get_joint_config().len() > 1
+    }
+
     pub fn voters(&self) -> Vec<(NodeId, String)> {
         let m = self.raft.metrics().borrow().membership_config.clone();
         let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
@@ -637,6 +643,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
+    tracing::info!(id = config.id, data_dir = %config.data_dir.display(), "opening the store");
     let (log, sm) = store::open(&config.data_dir, config.cache_bytes, Default::default())?;
     let raft_config = Arc::new(config.raft_config()?);
     let dialer = Dialer {
@@ -653,6 +660,7 @@ pub async fn run(
         sm.clone(),
     )
     .await?;
+    tracing::info!("store open, raft started");
     let (assign_tx, assign_rx) = mpsc::channel(BATCH_QUEUE);
     let (finish_tx, finish_rx) = mpsc::channel(BATCH_QUEUE);
     let (proposal_tx, proposal_rx) = mpsc::channel(BATCH_QUEUE);
@@ -678,6 +686,7 @@ pub async fn run(
         tokio::spawn(group_proposals(node.clone(), proposal_rx)),
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
+        tokio::spawn(crate::membership::finish_interrupted(node.clone())),
     ];
     if config.join.is_empty() {
         tasks.push(tokio::spawn(bootstrap(node.clone(), config.peers.clone())));

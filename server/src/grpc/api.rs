@@ -567,7 +567,11 @@ impl pb::cluster_server::Cluster for Api {
         if leader == 0 {
             leader = self.node.leader().map(|(id, _)| id).unwrap_or(0);
         }
-        Ok(Response::new(pb::StatusResponse { leader, nodes }))
+        Ok(Response::new(pb::StatusResponse {
+            leader,
+            nodes,
+            membership_changing: self.node.membership_changing(),
+        }))
     }
 }
 

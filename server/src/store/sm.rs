@@ -266,11 +266,13 @@ impl StateMachine {
         let mut responses = Vec::with_capacity(entries.len());
         let mut effects = Vec::new();
         let mut last = None;
+        let mut crash = false;
         for entry in entries {
             last = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Blank => responses.push(Response::Empty),
                 EntryPayload::Membership(m) => {
+                    crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
                     let stored = StoredMembership::new(Some(entry.log_id), m);
                     overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
                     responses.push(Response::Empty);
@@ -301,8 +303,27 @@ impl StateMachine {
             .tree
             .apply(&overlay.into_writes())
             .map_err(sm_err)?;
+        if crash {
+            crash_now("applied a joint configuration");
+        }
         Ok((responses, effects))
     }
+}
+
+/// Fault injection for the crash tests, off unless the environment says
+/// `KAIROS_FAILPOINT=crash-on-joint`: the node SIGKILLs itself right after
+/// applying a joint configuration, so a membership change is cut between
+/// its two steps exactly (the leader applies the joint entry before it
+/// proposes the second one).
+fn failpoint_crash_on_joint() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KAIROS_FAILPOINT").is_ok_and(|v| v == "crash-on-joint"))
+}
+
+fn crash_now(why: &str) {
+    tracing::error!("failpoint: SIGKILL after it {why}");
+    let me = rustix::process::getpid();
+    let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {

@@ -878,10 +878,16 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
                             "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms,
                             "tzdata": n.tzdata}))
             .collect();
-        println!("{}", json!({ "leader": s.leader, "nodes": nodes }));
+        println!(
+            "{}",
+            json!({ "leader": s.leader, "membership_changing": s.membership_changing, "nodes": nodes })
+        );
         return Ok(());
     }
     println!("leader: node {}", s.leader);
+    if s.membership_changing {
+        println!("membership: a change is in progress (joint configuration)");
+    }
     println!(
         "{:<4} {:<22} {:<22} {:<8} {:<12} {:>6} {:>8} {:>6} {:>10} DIGEST",
         "ID", "ADDR", "PEER", "MEMBER", "ROLE", "LAG", "APPLIED", "TERM", "SKEW(ms)"
