@@ -782,8 +782,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 
     /// Counts `added` new run records and, past the job's `keep_runs`,
-    /// deletes as many of its oldest finished ones (no more: a larger
-    /// excess is housekeeping's, in bounded steps).
+    /// deletes up to `added` of its oldest finished ones (a larger excess,
+    /// after a lowered limit, is housekeeping's, in bounded steps).
     fn trim_history(&mut self, job: &mut Job, added: u64) {
         job.history_len = job.history_len.saturating_add(added);
         if job.history_len > job.policy.keep_runs {
@@ -1029,7 +1029,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn prune_due(&mut self, key: &[u8], limit: usize) -> usize {
         let id = keys::retention_job_from(key).unwrap_or_default();
         let Ok(mut job) = self.job(id) else {
-            // Deleting a job removes its entry: none is left behind.
+            // A delete removes the job's entry, so none should be found;
+            // one that is would name no job: drop it.
             self.o.delete(key.to_vec());
             return 0;
         };
