@@ -517,6 +517,10 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
     if node.raft.is_initialized().await.unwrap_or(true) || peers.keys().next() != Some(&node.id) {
         return;
     }
+    // Fresh nodes hold the same state: nothing, or one backup restored into
+    // each (`kairos restore`), which no log carries to the others.
+    let (_, ours) = node.sm.digest().await;
+    let mut warned = std::collections::BTreeSet::new();
     loop {
         let mut all = true;
         for (id, addr) in peers.iter().filter(|(id, _)| **id != node.id) {
@@ -532,6 +536,19 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
                         "peer already belongs to a cluster; not bootstrapping"
                     );
                     return;
+                }
+                Ok(s) if s.get_ref().state_digest != ours => {
+                    all = false;
+                    if !warned.insert(*id) {
+                        continue;
+                    }
+                    tracing::error!(
+                        peer = id,
+                        peer_digest = %s.get_ref().state_digest,
+                        our_digest = %ours,
+                        "not bootstrapping: this fresh node and peer {id} hold different state; \
+                         prepare every node from the same backup (kairos restore) or start all empty"
+                    );
                 }
                 Ok(_) => {}
                 Err(_) => all = false,

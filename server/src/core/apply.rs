@@ -688,32 +688,40 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn fire_occurrence(&mut self, job: &mut Job, scheduled: i64) -> Result<(), CommandError> {
         let late_ms = self.now.saturating_sub(scheduled);
         let late = late_ms > i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
-        let next = if !late || job.policy.misfire == Misfire::FireAll {
-            let note = if late {
-                format!("late by {late_ms} ms (misfire fire-all)")
-            } else {
-                String::new()
-            };
-            self.start_run(job, scheduled, note);
-            next_after(&job.schedule, scheduled)?
-        } else {
-            let walk = walk_missed(&job.schedule, scheduled, self.now)?;
-            if job.policy.misfire == Misfire::FireOnce {
-                let note = format!(
-                    "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
-                    walk.count_text(),
-                    self.now.saturating_sub(walk.last)
-                );
-                self.start_run(job, walk.last, note);
-            } else {
+        let next = match (late, job.policy.misfire) {
+            (false, _) | (true, Misfire::FireAll) => {
+                let note = if late {
+                    format!("late by {late_ms} ms (misfire fire-all)")
+                } else {
+                    String::new()
+                };
+                self.start_run(job, scheduled, note);
+                next_after(&job.schedule, scheduled)?
+            }
+            (true, Misfire::Skip) => {
+                // Skipped: the occurrences past the grace window. Those still
+                // inside it are due, not late: the next one is due now and runs.
+                let grace = i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
+                let cutoff = self.now.saturating_sub(grace).saturating_sub(1);
+                let walk = walk_missed(&job.schedule, scheduled, cutoff)?;
                 let note = format!(
                     "misfire skip: {} occurrence(s) from {scheduled} to {} not run",
                     walk.count_text(),
                     walk.last
                 );
                 self.record_skipped(job, scheduled, note);
+                walk.next
             }
-            walk.next
+            (true, Misfire::FireOnce) => {
+                let walk = walk_missed(&job.schedule, scheduled, self.now)?;
+                let note = format!(
+                    "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
+                    walk.count_text(),
+                    self.now.saturating_sub(walk.last)
+                );
+                self.start_run(job, walk.last, note);
+                walk.next
+            }
         };
         self.set_next(job, next);
         Ok(())

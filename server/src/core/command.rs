@@ -14,7 +14,8 @@ use super::codec::{check_format, decode, encode, FormatError};
 use super::types::{Job, JobSpec, Run, RunId, Token, WheelKey};
 
 /// The format in which this binary encodes commands into log entries.
-/// 1: the first versioned format (state format 8, with `Housekeep`).
+/// 1: the first versioned format (state format 8, with `Housekeep` and
+/// Quartz schedules).
 pub const LOG_FORMAT: u32 = 1;
 /// The oldest log format this binary decodes.
 pub const LOG_FORMAT_OLDEST: u32 = 1;

@@ -63,7 +63,8 @@ pub const META_TZDATA: &[u8] = b"mtzdata";
 /// 8: per-job history limits (`keep_runs`, `keep_for_ms` in the policy,
 /// `retention_due_ms` in the job), the housekeeping indexes (`g`, `x`),
 /// the version in a `format` file instead of the `mversion` key, and log
-/// entries that carry their own format (`command::LOG_FORMAT`).
+/// entries that carry their own format (`command::LOG_FORMAT`); also the
+/// Quartz cron schedules, appended to the schedule enums.
 pub const STATE_VERSION: u32 = 8;
 /// The oldest state format this binary reads. Older data directories and
 /// snapshot files are refused, naming both versions: there is no in-place

@@ -394,22 +394,47 @@ fn misfire_fire_once_coalesces_into_one_run_for_the_latest_due_occurrence() {
 }
 
 #[test]
-fn misfire_skip_records_one_skipped_run_and_moves_to_the_future() {
-    let (sim, a) = late_fire(Misfire::Skip);
+fn misfire_skip_skips_only_what_is_past_the_grace_window() {
+    // Due: 1000..=6000 at 6500 with a 1000 ms grace. 1000..=5000 are past
+    // the window and skipped; 6000 (500 ms late) is inside it and runs.
+    let (mut sim, a) = late_fire(Misfire::Skip);
     let runs = sim.runs_of("a");
     assert_eq!(runs.len(), 1);
     assert_eq!(
         (runs[0].id.scheduled_at_ms, runs[0].state),
         (T0 + 1000, RunState::Skipped)
     );
-    assert!(
-        runs[0].note.contains("misfire skip: 6 occurrence(s)"),
-        "{}",
-        runs[0].note
+    assert_eq!(
+        runs[0].note,
+        format!(
+            "misfire skip: 5 occurrence(s) from {} to {} not run",
+            T0 + 1000,
+            T0 + 5000
+        )
     );
     assert!(!a.effects.iter().any(|e| matches!(e, Effect::Ready { .. })));
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 7000))]);
+    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 6000))]);
     assert_eq!(sim.job("a").active_runs, 0);
+    assert_eq!(sim.occurrences("a"), vec![T0 + 6000]);
+
+    let b = sim.fire(T0 + 6500, vec![occ("a", T0 + 6000)]);
+    assert_eq!(b.response, fired(1, 0));
+    let inside = sim.run(&rid("a", T0 + 6000));
+    assert_eq!(
+        (inside.state, inside.note.as_str()),
+        (RunState::Pending, "")
+    );
+    assert_eq!(sim.occurrences("a"), vec![T0 + 7000]);
+}
+
+#[test]
+fn misfire_skip_with_nothing_inside_the_window_moves_to_the_future() {
+    let mut sim = sim_with(with_misfire(every("a", 1000), Misfire::Skip, 100));
+    sim.fire(T0 + 6500, vec![occ("a", T0 + 1000)]);
+    let runs = sim.runs_of("a");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].state, RunState::Skipped);
+    assert!(runs[0].note.contains("6 occurrence(s)"), "{}", runs[0].note);
     assert_eq!(sim.occurrences("a"), vec![T0 + 7000]);
 }
 

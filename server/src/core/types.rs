@@ -147,10 +147,24 @@ pub enum Overlap {
 /// cluster time of the command that stores them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ScheduleInput {
-    Cron { expr: String, tz: String },
-    Every { every_ms: u64 },
-    At { at_ms: i64 },
-    After { after_ms: u64 },
+    Cron {
+        expr: String,
+        tz: String,
+    },
+    Every {
+        every_ms: u64,
+    },
+    At {
+        at_ms: i64,
+    },
+    After {
+        after_ms: u64,
+    },
+    /// A cron expression in Quartz's dialect (see `schedule`'s module doc).
+    Quartz {
+        expr: String,
+        tz: String,
+    },
 }
 
 impl ScheduleInput {
@@ -164,6 +178,10 @@ impl ScheduleInput {
                 every_ms: *every_ms,
                 anchor_ms: now_ms,
             },
+            ScheduleInput::Quartz { expr, tz } => Schedule::Quartz {
+                expr: expr.clone(),
+                tz: tz.clone(),
+            },
             ScheduleInput::At { at_ms } => Schedule::Once { at_ms: *at_ms },
             ScheduleInput::After { after_ms } => Schedule::Once {
                 at_ms: now_ms.saturating_add(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
@@ -175,6 +193,9 @@ impl ScheduleInput {
     pub fn matches(&self, stored: &Schedule) -> bool {
         match (self, stored) {
             (ScheduleInput::Cron { expr, tz }, Schedule::Cron { expr: e, tz: t }) => {
+                expr == e && tz == t
+            }
+            (ScheduleInput::Quartz { expr, tz }, Schedule::Quartz { expr: e, tz: t }) => {
                 expr == e && tz == t
             }
             (ScheduleInput::Every { every_ms }, Schedule::Every { every_ms: e, .. }) => {

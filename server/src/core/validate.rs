@@ -65,11 +65,11 @@ pub fn schedule(s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
                 )));
             }
         }
-        ScheduleInput::Cron { .. } => {}
+        ScheduleInput::Cron { .. } | ScheduleInput::Quartz { .. } => {}
     }
     let resolved: Schedule = s.resolve(now_ms);
     resolved.validate().map_err(|e| invalid(e.to_string()))?;
-    if let Schedule::Cron { .. } = resolved {
+    if let Schedule::Cron { .. } | Schedule::Quartz { .. } = resolved {
         // A pattern that never matches would cost a search to the end of
         // the calendar on every later look; refuse it once, here.
         let next = resolved

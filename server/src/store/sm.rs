@@ -90,6 +90,17 @@ impl StateMachine {
         })
     }
 
+    /// Applies `cmd` straight to the store, outside Raft. Only for preparing
+    /// a data directory that no node serves yet (`kairos restore`): what it
+    /// writes is in no log, so every node of the new cluster must be
+    /// prepared from the same file (bootstrap compares their digests).
+    pub fn apply_offline(&self, cmd: &core::Command) -> Result<Response, StoreError> {
+        let applied = core::apply(&TreeView(&self.inner.tree), cmd);
+        self.inner.tree.apply(&applied.writes)?;
+        self.inner.db.flush()?;
+        Ok(applied.response)
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<EffectBatch> {
         self.inner.effects.subscribe()
     }

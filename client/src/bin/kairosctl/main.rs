@@ -63,9 +63,29 @@ enum Cmd {
     /// Backups (admin token required).
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Schedules without a job.
+    #[command(subcommand)]
+    Schedule(ScheduleCmd),
     /// Run a ready worker for a group. WARNING: it EXECUTES whatever the jobs
     /// of that group send it (`--exec shell` runs the payload with `sh -c`).
     Worker(exec::WorkerArgs),
+}
+
+#[derive(Subcommand)]
+enum ScheduleCmd {
+    /// The next fire times of a cron expression, computed by the cluster as
+    /// for a job (nothing is stored).
+    Preview {
+        expr: String,
+        /// IANA time zone (default UTC).
+        #[arg(long)]
+        tz: Option<String>,
+        /// unix or quartz (see `job create --dialect`).
+        #[arg(long, value_parser = ["unix", "quartz"])]
+        dialect: Option<String>,
+        #[arg(long, default_value_t = 5)]
+        count: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -119,6 +139,10 @@ struct SpecArgs {
     /// IANA time zone for --cron (default UTC).
     #[arg(long, requires = "cron")]
     tz: Option<String>,
+    /// How --cron is read: unix (Vixie cron, weekdays 0-7 from Sunday=0) or
+    /// quartz (6/7 fields, weekdays 1-7 from Sunday=1, one day field '?').
+    #[arg(long, requires = "cron", value_parser = ["unix", "quartz"])]
+    dialect: Option<String>,
     /// Fixed rate, e.g. 200ms, 30s, 1m, 1h30m.
     #[arg(long, group = "schedule")]
     every: Option<String>,
@@ -262,6 +286,24 @@ async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result
             }
         }
     }
+    Ok(())
+}
+
+/// Asks the cluster for fire times and prints them.
+async fn next_fires(c: &Client, out: Output, req: pb::NextFiresRequest) -> anyhow::Result<()> {
+    let r = c
+        .jobs(|mut j| {
+            let r = req.clone();
+            async move { j.next_fires(r).await }
+        })
+        .await?;
+    let text = r
+        .fire_at_ms
+        .iter()
+        .map(|t| time_text(*t))
+        .collect::<Vec<_>>()
+        .join("\n");
+    print_value(out, json!(r.fire_at_ms), &text);
     Ok(())
 }
 
@@ -519,6 +561,7 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         Kind::Cron(pb::Cron {
             expr: c.clone(),
             tz: a.tz.clone().unwrap_or_default(),
+            dialect: a.dialect.clone().unwrap_or_default(),
         })
     } else if let Some(e) = &a.every {
         Kind::EveryMs(duration_ms(e)?)
@@ -585,8 +628,16 @@ fn run_state(s: i32) -> &'static str {
 fn schedule_text(s: &Option<pb::Schedule>) -> String {
     use pb::schedule::Kind;
     match s.as_ref().and_then(|s| s.kind.as_ref()) {
-        Some(Kind::Cron(c)) if c.tz.is_empty() => format!("cron {}", c.expr),
-        Some(Kind::Cron(c)) => format!("cron {} ({})", c.expr, c.tz),
+        Some(Kind::Cron(c)) => {
+            let mut text = format!("cron {}", c.expr);
+            if c.dialect == "quartz" {
+                text.push_str(" [quartz]");
+            }
+            if !c.tz.is_empty() {
+                text.push_str(&format!(" ({})", c.tz));
+            }
+            text
+        }
         Some(Kind::EveryMs(ms)) => format!("every {ms}ms"),
         Some(Kind::AtMs(ms)) => format!("at {}", time_text(*ms)),
         Some(Kind::AfterMs(ms)) => format!("after {ms}ms"),
@@ -793,19 +844,7 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
                 schedule: None,
                 count,
             };
-            let r = c
-                .jobs(|mut j| {
-                    let r = req.clone();
-                    async move { j.next_fires(r).await }
-                })
-                .await?;
-            let text = r
-                .fire_at_ms
-                .iter()
-                .map(|t| time_text(*t))
-                .collect::<Vec<_>>()
-                .join("\n");
-            print_value(out, json!(r.fire_at_ms), &text);
+            next_fires(c, out, req).await?;
         }
         JobCmd::History { id } => {
             let req = pb::JobRef { id };
@@ -997,6 +1036,26 @@ async fn main() {
         Cmd::Cluster(m) => cluster_cmd(&client, cli.output, m).await,
         Cmd::Token(t) => token_cmd(&client, cli.output, t).await,
         Cmd::Snapshot(s) => snapshot_cmd(&client, s).await,
+        Cmd::Schedule(ScheduleCmd::Preview {
+            expr,
+            tz,
+            dialect,
+            count,
+        }) => {
+            let cron = pb::Cron {
+                expr,
+                tz: tz.unwrap_or_default(),
+                dialect: dialect.unwrap_or_default(),
+            };
+            let req = pb::NextFiresRequest {
+                id: String::new(),
+                schedule: Some(pb::Schedule {
+                    kind: Some(pb::schedule::Kind::Cron(cron)),
+                }),
+                count,
+            };
+            next_fires(&client, cli.output, req).await
+        }
         Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
     };
     if let Err(e) = res {
