@@ -241,6 +241,7 @@ fn proto_spec_seeds(out: &Path) {
             kind: Some(Kind::Cron(pb::Cron {
                 expr: "0 3 * * *".into(),
                 tz: "Europe/Paris".into(),
+                dialect: String::new(),
             })),
         }),
         group: "batch".into(),
