@@ -356,12 +356,7 @@ impl Cluster {
             .args(args)
             .output()
             .expect("run kairosctl");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
+        outcome(&out)
     }
 
     /// Waits until a leader is elected and every live node reports it; returns its id.
@@ -475,6 +470,17 @@ fn thread_waits(pid: u32) -> String {
         out.push(format!("{}:{}", read("comm"), read("wchan")));
     }
     out.join(" ")
+}
+
+/// A finished command's outcome: whether it succeeded, and its stdout
+/// followed by its stderr.
+pub fn outcome(out: &std::process::Output) -> (bool, String) {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }
 
 /// Polls `f` until it returns Some, or panics after `timeout` naming `what`.

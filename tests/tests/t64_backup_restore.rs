@@ -13,7 +13,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use kairos_client::{pb, Client};
-use kairos_tests::{assert_no_gap_no_double, create, every_job, kairos_bin, wait_for, Cluster};
+use kairos_tests::{
+    assert_no_gap_no_double, create, every_job, kairos_bin, outcome, wait_for, Cluster,
+};
 
 /// `kairos restore --from FILE --data-dir DIR`: (success, output).
 fn kairos_restore(file: &Path, data_dir: &Path) -> (bool, String) {
@@ -25,12 +27,7 @@ fn kairos_restore(file: &Path, data_dir: &Path) -> (bool, String) {
         .arg(data_dir)
         .output()
         .expect("run kairos restore");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    outcome(&out)
 }
 
 async fn job_ids(c: &Client) -> Vec<String> {
