@@ -10,6 +10,7 @@ pub mod grpc;
 pub mod http;
 pub mod leader;
 pub mod membership;
+pub mod metrics;
 pub mod node;
 pub mod raft;
 pub mod store;

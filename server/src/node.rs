@@ -177,6 +177,7 @@ pub struct Node {
     pub dialer: Dialer,
     /// Public calls need a token (`--auth-token-file`).
     pub auth_required: bool,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -386,6 +387,9 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
     let mut carry = None;
     let size = |h: &Handed| h.run.job.len() + h.worker.len() + 32;
     while let Some(batch) = next_batch(&mut rx, &mut carry, limits::FINISH_BATCH_MAX, size).await {
+        for h in &batch {
+            node.metrics.dispatched(h.waited);
+        }
         let assignments = batch
             .into_iter()
             .map(|h| (h.run, h.attempt, h.worker))
@@ -661,7 +665,12 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     config.validate()?;
     tracing::info!(id = config.id, data_dir = %config.data_dir.display(), "opening the store");
-    let (log, sm) = store::open(&config.data_dir, config.cache_bytes, Default::default())?;
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let sm_opts = store::sm::Options {
+        metrics: metrics.clone(),
+        ..Default::default()
+    };
+    let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
     let raft_config = Arc::new(config.raft_config()?);
     let dialer = Dialer {
         self_id: config.id,
@@ -696,6 +705,7 @@ pub async fn run(
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),
+        metrics,
     });
     let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),

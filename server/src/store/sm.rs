@@ -28,12 +28,15 @@ pub type EffectBatch = Arc<Vec<Effect>>;
 pub struct Options {
     /// Capacity of the effect channel; a lagging leader task resyncs from state.
     pub effect_capacity: usize,
+    /// Where apply times are observed.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             effect_capacity: 4096,
+            metrics: Arc::default(),
         }
     }
 }
@@ -49,6 +52,7 @@ struct Inner {
     snapshot_path: PathBuf,
     apply_lock: Mutex<()>,
     effects: broadcast::Sender<EffectBatch>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -84,6 +88,7 @@ impl StateMachine {
             snapshot_path,
             apply_lock: Mutex::new(()),
             effects,
+            metrics: opts.metrics,
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -546,7 +551,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let (responses, effects) = {
             let _g = self.inner.apply_lock.lock().await;
-            self.apply_entries(entries)?
+            let start = std::time::Instant::now();
+            let applied = self.apply_entries(entries)?;
+            self.inner.metrics.applied(start.elapsed());
+            applied
         };
         if !effects.is_empty() {
             // No receiver (not leader) is fine: followers have no leader work.
