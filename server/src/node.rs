@@ -177,6 +177,10 @@ pub struct Node {
     pub dialer: Dialer,
     /// Public calls need a token (`--auth-token-file`).
     pub auth_required: bool,
+    /// Every proposal holds it shared while it is proposed; a leadership
+    /// handover holds it exclusively, so no entry is appended while the
+    /// next leader catches up and is elected (see `handover`).
+    pub(crate) write_gate: tokio::sync::RwLock<()>,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -185,7 +189,11 @@ const BATCH_QUEUE: usize = 65_536;
 
 impl Node {
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
-        let res = tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(cmd)).await;
+        let write = async {
+            let _open = self.write_gate.read().await;
+            self.raft.client_write(cmd).await
+        };
+        let res = tokio::time::timeout(PROPOSE_TIMEOUT, write).await;
         match res {
             Err(_) => Err(ProposeError::Timeout),
             Ok(Ok(r)) => Ok(r.data),
@@ -671,6 +679,7 @@ pub async fn run(
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),
+        write_gate: tokio::sync::RwLock::new(()),
     });
     let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
@@ -695,8 +704,11 @@ pub async fn run(
         tasks.push(tokio::spawn(bootstrap_admin(node.clone(), hash)));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopping = node.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // Still serving: the next leader needs this node's votes and log.
+        crate::handover::before_stop(&stopping).await;
         let _ = stop_tx.send(true);
     });
     let http_task = http.map(|l| {
