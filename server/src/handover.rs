@@ -7,15 +7,17 @@
 //! touched). Followers touch it at every AppendEntries, so they refuse; the
 //! leader touches it only when it was elected, so once that lease has run
 //! out it grants a vote to a candidate whose log is at least as long as its
-//! own. So the leader holds every proposal back (`Node::write_gate`), waits
-//! until the target holds its whole log, and asks it (peer RPC `Elect`) to
-//! start an election now: target and old leader are a majority of three, and
-//! leadership moves in about one round trip. With five voters the other
-//! three refuse until their lease runs out after the old leader's last
-//! heartbeat, so the target's first or second campaign wins (see
-//! ARCHITECTURE.md for the cost). A candidate with a shorter log would be
-//! refused and still depose the leader with its higher term: that is why
-//! writes are held until the target has caught up.
+//! own. So the leader holds every proposal and read index back
+//! (`Node::handover_gate`), waits until the target holds its whole log, and
+//! asks it (peer RPC `Elect`) to start an election now: target and old
+//! leader are a majority of three, and leadership moves in about one round
+//! trip. With four or more voters they are not a majority, and the others
+//! refuse while their lease from the last heartbeat runs: the leader stops
+//! its heartbeats and waits one lease first (their own election timers run
+//! a lease plus an election timeout, so none of them campaigns before the
+//! target). A candidate with a shorter log would be refused and still
+//! depose the leader with its higher term: that is why writes are held
+//! until the target has caught up.
 
 use std::time::Duration;
 
@@ -35,6 +37,9 @@ const ELECTED_TIMEOUT: Duration = Duration::from_secs(2);
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(1);
 /// Added to the leader's own lease before the target campaigns.
 const LEASE_MARGIN: Duration = Duration::from_millis(20);
+/// Added to the followers' lease after the last heartbeat: it may still be
+/// on its way when heartbeats stop.
+const SILENCE_MARGIN: Duration = Duration::from_millis(50);
 /// A graceful stop waits at most this long for a handover, then stops anyway.
 const STOP_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -81,7 +86,7 @@ pub async fn transfer_leader(node: &Node, to: Option<NodeId>) -> Result<Handover
     let members = membership::settled(node)?;
     let (target, addr) = first_answering(node, candidates(node, &members, to)?).await?;
     wait_own_lease(node).await;
-    let _quiet = timeout(QUIESCE_TIMEOUT, node.write_gate.write())
+    let _quiet = timeout(QUIESCE_TIMEOUT, node.handover_gate.write())
         .await
         .map_err(|_| {
             refused(format!(
@@ -89,6 +94,10 @@ pub async fn transfer_leader(node: &Node, to: Option<NodeId>) -> Result<Handover
             ))
         })?;
     let last = caught_up(node, target).await?;
+    let _silent = match members.voters.len() > 3 {
+        true => Some(silence(node).await),
+        false => None,
+    };
     crate::grpc::peer::ask_elect(node, target, &addr, last).await?;
     let leader = new_leader(node, target).await?;
     Ok(Handover {
@@ -153,6 +162,26 @@ async fn wait_own_lease(node: &Node) {
     if let Ok(Some(age)) = age {
         tokio::time::sleep(lease.saturating_sub(age)).await;
     }
+}
+
+/// Heartbeats stay off while this lives.
+struct Silence<'a>(&'a Node);
+
+impl Drop for Silence<'_> {
+    fn drop(&mut self) {
+        self.0.raft.runtime_config().heartbeat(true);
+    }
+}
+
+/// Stops heartbeats and waits until every follower's lease has run out, so
+/// each grants the target's vote. Only heartbeats are left to send: the gate
+/// holds proposals and read indexes.
+async fn silence(node: &Node) -> Silence<'_> {
+    node.raft.runtime_config().heartbeat(false);
+    let silent = Silence(node);
+    let lease = Duration::from_millis(node.raft.config().election_timeout_max);
+    tokio::time::sleep(lease + SILENCE_MARGIN).await;
+    silent
 }
 
 /// Waits until `target` holds the leader's whole log; returns its last index.

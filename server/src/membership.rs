@@ -8,7 +8,7 @@
 //! the last voter, promoting a node that is not a learner. Removing the
 //! leader's own node hands leadership over first (`handover`): the new
 //! leader removes it, without waiting for an election. A change holds the
-//! write gate shared, like a proposal, so a handover never races one.
+//! handover gate shared, like a proposal, so a handover never races one.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -156,7 +156,7 @@ pub async fn add_learner(
             "node {id} is already a learner at {addr}; remove it first to move it"
         )));
     }
-    let _open = node.write_gate.read().await;
+    let _open = node.handover_gate.read().await;
     node.raft
         .add_learner(id, BasicNode::new(peer_addr), false)
         .await
@@ -178,7 +178,7 @@ pub async fn promote(node: &Node, id: NodeId) -> Result<Members, MembershipError
     let mut after = now.voters.clone();
     after.insert(id);
     require_quorum(node, &after, &format!("promoting node {id}")).await?;
-    let _open = node.write_gate.read().await;
+    let _open = node.handover_gate.read().await;
     node.raft
         .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
         .await
@@ -190,7 +190,7 @@ pub async fn promote(node: &Node, id: NodeId) -> Result<Members, MembershipError
 pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError> {
     let now = settled(node)?;
     if now.learners.contains(&id) {
-        let _open = node.write_gate.read().await;
+        let _open = node.handover_gate.read().await;
         node.raft
             .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
             .await
@@ -221,7 +221,7 @@ pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError>
             leader: node.leader(),
         });
     }
-    let _open = node.write_gate.read().await;
+    let _open = node.handover_gate.read().await;
     node.raft
         .change_membership(ChangeMembers::RemoveVoters([id].into()), false)
         .await

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_proto::peer::{Empty, LocalStatusResponse};
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -20,7 +20,7 @@ use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::{limits, Command, CommandError, FinishReport, Response};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::network::{self, Dialer, PeerRpc};
-use crate::raft::{NodeId, Raft};
+use crate::raft::{LogId, NodeId, Raft};
 use crate::store::{self, LogStore, StateMachine};
 use crate::tls::NodeTls;
 
@@ -177,10 +177,12 @@ pub struct Node {
     pub dialer: Dialer,
     /// Public calls need a token (`--auth-token-file`).
     pub auth_required: bool,
-    /// Every proposal holds it shared while it is proposed; a leadership
-    /// handover holds it exclusively, so no entry is appended while the
-    /// next leader catches up and is elected (see `handover`).
-    pub(crate) write_gate: tokio::sync::RwLock<()>,
+    /// Held shared by everything that makes the leader send AppendEntries
+    /// besides heartbeats (proposals, membership changes, read indexes);
+    /// exclusively by a leadership handover, so no entry is appended (and no
+    /// follower's lease renewed) while the next leader catches up and is
+    /// elected (see `handover`).
+    pub(crate) handover_gate: tokio::sync::RwLock<()>,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -190,7 +192,7 @@ const BATCH_QUEUE: usize = 65_536;
 impl Node {
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
         let write = async {
-            let _open = self.write_gate.read().await;
+            let _open = self.handover_gate.read().await;
             self.raft.client_write(cmd).await
         };
         let res = tokio::time::timeout(PROPOSE_TIMEOUT, write).await;
@@ -204,6 +206,15 @@ impl Node {
             }
             Ok(Err(e)) => Err(ProposeError::Raft(e.to_string())),
         }
+    }
+
+    /// A read index (openraft's `ensure_linearizable`: AppendEntries to a
+    /// quorum), behind the handover gate.
+    pub async fn ensure_linearizable(
+        &self,
+    ) -> Result<Option<LogId>, RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>> {
+        let _open = self.handover_gate.read().await;
+        self.raft.ensure_linearizable().await
     }
 
     /// Proposes a client command, grouped with others that arrive meanwhile
@@ -679,7 +690,7 @@ pub async fn run(
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),
-        write_gate: tokio::sync::RwLock::new(()),
+        handover_gate: tokio::sync::RwLock::new(()),
     });
     let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),

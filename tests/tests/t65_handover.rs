@@ -1,7 +1,7 @@
 //! Issue #12: leadership handover. `cluster transfer-leader` makes a named
 //! (or the most up-to-date) voter the leader, and refuses, naming why, the
 //! leader itself, a non-member, a learner, a voter that does not answer and
-//! a single-voter cluster; the peer `Elect` call is refused unless it comes
+//! a single-voter cluster; with five voters it works too; the peer `Elect` call is refused unless it comes
 //! from the leader the target follows and the target's log is long enough.
 //! Removing the leader hands leadership over first and leaves a working
 //! cluster without it. A rolling restart of all three nodes with graceful
@@ -128,6 +128,20 @@ async fn transfer_to_a_named_voter_and_refusals() {
     assert_eq!(v["previous"], target, "{v}");
     assert_eq!(v["leader"], leader, "{v}");
     leader_is(&cluster, leader).await;
+}
+
+/// With five voters the leader and the target are no majority: the leader
+/// first lets the other followers' leases run out (heartbeats off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfer_in_a_five_voter_cluster() {
+    let cluster = Cluster::start(5, &[]);
+    let leader = cluster.wait_leader().await;
+    let c = cluster.client();
+    for target in (1..=5).filter(|id| *id != leader).take(2) {
+        let r = transfer(&c, target).await.unwrap();
+        assert_eq!(r.leader, target, "{r:?}");
+        leader_is(&cluster, target).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
