@@ -155,14 +155,7 @@ async fn a_single_voter_has_no_one_to_hand_over_to() {
 async fn removing_the_leader_hands_over_and_leaves_a_working_cluster() {
     let mut cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_leader().await;
-    let c = cluster.client();
-    create(&c, every_job("tick", "g", EVERY_MS as u64))
-        .await
-        .unwrap();
-    wait_for("5 fires", Duration::from_secs(60), || async {
-        (c.list_runs("tick", 1000).await.ok()?.len() >= 5).then_some(())
-    })
-    .await;
+    let c = start_ticking(&cluster).await;
 
     let v = kairosctl_json(&cluster, &["cluster", "remove", &leader.to_string()]);
     let rest: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
@@ -176,19 +169,30 @@ async fn removing_the_leader_hands_over_and_leaves_a_working_cluster() {
     let s = cluster.client().status().await.unwrap();
     let voters: BTreeSet<u64> = s.nodes.iter().filter(|n| n.voter).map(|n| n.id).collect();
     assert_eq!(voters, rest.iter().copied().collect());
-    let before = c.list_runs("tick", 100_000).await.unwrap().len();
-    wait_for(
-        "fires without the old leader",
-        Duration::from_secs(60),
-        || async { (c.list_runs("tick", 100_000).await.ok()?.len() >= before + 5).then_some(()) },
-    )
-    .await;
-    pause(&c).await;
-    assert_no_gap_no_double(&c.list_runs("tick", 100_000).await.unwrap(), EVERY_MS);
-    digests_equal(&cluster, &rest).await;
+    fires_on_without_gap(&cluster, &c, &rest).await;
 }
 
-async fn pause(c: &Client) {
+/// Creates the 200 ms job "tick" and waits for its first 5 fires.
+async fn start_ticking(cluster: &Cluster) -> Client {
+    let c = cluster.client();
+    create(&c, every_job("tick", "g", EVERY_MS as u64))
+        .await
+        .unwrap();
+    wait_for("5 fires", Duration::from_secs(60), || async {
+        (c.list_runs("tick", 1000).await.ok()?.len() >= 5).then_some(())
+    })
+    .await;
+    c
+}
+
+/// Waits for 5 more fires, pauses "tick" and checks its history (each time
+/// once, 200 ms apart) and that voters `ids` have equal digests.
+async fn fires_on_without_gap(cluster: &Cluster, c: &Client, ids: &[u64]) {
+    let before = c.list_runs("tick", 100_000).await.unwrap().len();
+    wait_for("5 more fires", Duration::from_secs(60), || async {
+        (c.list_runs("tick", 100_000).await.ok()?.len() >= before + 5).then_some(())
+    })
+    .await;
     let r = pb::JobRef { id: "tick".into() };
     c.jobs(|mut j| {
         let r = r.clone();
@@ -196,9 +200,7 @@ async fn pause(c: &Client) {
     })
     .await
     .unwrap();
-}
-
-async fn digests_equal(cluster: &Cluster, ids: &[u64]) {
+    assert_no_gap_no_double(&c.list_runs("tick", 100_000).await.unwrap(), EVERY_MS);
     let via = cluster.wait_leader().await;
     let nodes = cluster.wait_converged(via, ids).await;
     let d = &nodes[0].state_digest;
@@ -226,14 +228,7 @@ async fn rejoined(cluster: &Cluster, id: u64, index: u64) {
 async fn rolling_restart_with_graceful_stops_fires_every_occurrence_once() {
     let mut cluster = Cluster::start(3, &[]);
     cluster.wait_leader().await;
-    let c = cluster.client();
-    create(&c, every_job("tick", "g", EVERY_MS as u64))
-        .await
-        .unwrap();
-    wait_for("5 fires", Duration::from_secs(60), || async {
-        (c.list_runs("tick", 1000).await.ok()?.len() >= 5).then_some(())
-    })
-    .await;
+    let c = start_ticking(&cluster).await;
 
     let mut left: BTreeSet<u64> = (1..=3).collect();
     let mut handed_over = 0;
@@ -262,14 +257,5 @@ async fn rolling_restart_with_graceful_stops_fires_every_occurrence_once() {
     }
     assert!(handed_over >= 1, "no leader was stopped");
 
-    let before = c.list_runs("tick", 100_000).await.unwrap().len();
-    wait_for(
-        "fires after the restarts",
-        Duration::from_secs(60),
-        || async { (c.list_runs("tick", 100_000).await.ok()?.len() >= before + 5).then_some(()) },
-    )
-    .await;
-    pause(&c).await;
-    assert_no_gap_no_double(&c.list_runs("tick", 100_000).await.unwrap(), EVERY_MS);
-    digests_equal(&cluster, &[1, 2, 3]).await;
+    fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
 }
