@@ -6,8 +6,8 @@
 //! of reachable voters, a change while another is in progress (the last
 //! membership entry is not committed, or is a joint configuration), removing
 //! the last voter, promoting a node that is not a learner. Removing the
-//! leader's own node hands leadership over first (`handover`): the new
-//! leader removes it, without waiting for an election. A change holds the
+//! leader's own node hands leadership over first (`handover`) and answers
+//! with a redirect; the new leader removes it, without waiting for an election. A change holds the
 //! handover gate shared, like a proposal, so a handover never races one.
 
 use std::collections::BTreeSet;
@@ -207,7 +207,8 @@ pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError>
     after.remove(&id);
     require_quorum(node, &after, &format!("removing node {id}")).await?;
     if id == node.id {
-        // The caller asks the new leader (`grpc::api` forwards it there).
+        // A redirect: the caller retries at the new leader, which removes
+        // this node (and the caller talks to a member from then on).
         let h = handover::transfer_leader(node, None)
             .await
             .map_err(|e| match e {

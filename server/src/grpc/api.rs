@@ -494,15 +494,7 @@ impl pb::cluster_server::Cluster for Api {
         req: Request<pb::NodeRef>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
         forward!(self, req, Need::Admin, ClusterClient, remove_node);
-        let removed = membership::remove(&self.node, req.get_ref().id).await;
-        // Removing the leader's own node hands leadership over first: the
-        // new leader removes it.
-        if matches!(removed, Err(membership::MembershipError::NotLeader { .. })) {
-            if let Some(ch) = route(&self.node, &req)? {
-                return ClusterClient::new(ch).remove_node(forwarded(req)).await;
-            }
-        }
-        members_out(removed)
+        members_out(membership::remove(&self.node, req.into_inner().id).await)
     }
 
     async fn transfer_leader(
