@@ -21,7 +21,8 @@
 
 use std::time::Duration;
 
-use tokio::time::{timeout, timeout_at, Instant};
+use openraft::{BasicNode, RaftMetrics};
+use tokio::time::timeout;
 
 use crate::membership::{self, Members, MembershipError};
 use crate::node::Node;
@@ -61,7 +62,7 @@ pub enum HandoverError {
 pub struct Handover {
     pub leader: NodeId,
     pub previous: NodeId,
-    pub took: Duration,
+    pub took_ms: i64,
 }
 
 fn refused(msg: impl Into<String>) -> HandoverError {
@@ -82,7 +83,7 @@ impl From<MembershipError> for HandoverError {
 /// and returns who leads now. Proposals wait meanwhile (at most the
 /// timeouts above) and then find this node a follower.
 pub async fn transfer_leader(node: &Node, to: Option<NodeId>) -> Result<Handover, HandoverError> {
-    let started = Instant::now();
+    let started_ms = node.clock.mono_ms();
     let members = membership::settled(node)?;
     let (target, addr) = first_answering(node, candidates(node, &members, to)?).await?;
     wait_own_lease(node).await;
@@ -103,7 +104,7 @@ pub async fn transfer_leader(node: &Node, to: Option<NodeId>) -> Result<Handover
     Ok(Handover {
         leader,
         previous: node.id,
-        took: started.elapsed(),
+        took_ms: node.clock.mono_ms() - started_ms,
     })
 }
 
@@ -155,12 +156,9 @@ async fn first_answering(node: &Node, ids: Vec<NodeId>) -> Result<(NodeId, Strin
 /// target's vote (at most `election_timeout_max` after it was elected).
 async fn wait_own_lease(node: &Node) {
     let lease = Duration::from_millis(node.raft.config().election_timeout_max) + LEASE_MARGIN;
-    let age = node
-        .raft
-        .with_raft_state(|s| s.vote_last_modified().map(|at| at.elapsed()))
-        .await;
-    if let Ok(Some(age)) = age {
-        tokio::time::sleep(lease.saturating_sub(age)).await;
+    let elected_at = node.raft.with_raft_state(|s| s.vote_last_modified()).await;
+    if let Ok(Some(at)) = elected_at {
+        tokio::time::sleep_until(at + lease).await;
     }
 }
 
@@ -184,49 +182,64 @@ async fn silence(node: &Node) -> Silence<'_> {
     silent
 }
 
+/// Waits up to `within` until `f` finds what it wants in this node's Raft metrics.
+async fn metrics_until<T>(
+    node: &Node,
+    within: Duration,
+    mut f: impl FnMut(&RaftMetrics<NodeId, BasicNode>) -> Option<T>,
+) -> Option<T> {
+    let mut metrics = node.raft.metrics();
+    let wait = async {
+        loop {
+            if let Some(v) = f(&metrics.borrow_and_update()) {
+                return Some(v);
+            }
+            metrics.changed().await.ok()?;
+        }
+    };
+    timeout(within, wait).await.ok().flatten()
+}
+
+/// Whether this node leads, its last log index, and `target`'s matched index.
+fn progress(m: &RaftMetrics<NodeId, BasicNode>, me: NodeId, target: NodeId) -> (bool, u64, u64) {
+    let matched = m.replication.as_ref().and_then(|r| r.get(&target).copied());
+    let matched = matched.flatten().map_or(0, |l| l.index);
+    (
+        m.current_leader == Some(me),
+        m.last_log_index.unwrap_or(0),
+        matched,
+    )
+}
+
 /// Waits until `target` holds the leader's whole log; returns its last index.
 async fn caught_up(node: &Node, target: NodeId) -> Result<u64, HandoverError> {
-    let mut metrics = node.raft.metrics();
-    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    loop {
-        let (leading, last, matched) = {
-            let m = metrics.borrow_and_update();
-            let matched = m.replication.as_ref().and_then(|r| r.get(&target).copied());
-            let matched = matched.flatten().map_or(0, |l| l.index);
-            let leading = m.current_leader == Some(node.id);
-            (leading, m.last_log_index.unwrap_or(0), matched)
-        };
-        if !leading {
-            return Err(HandoverError::NotLeader {
-                leader: node.leader(),
-            });
-        }
-        if matched >= last {
-            return Ok(last);
-        }
-        if !matches!(timeout_at(deadline, metrics.changed()).await, Ok(Ok(()))) {
-            return Err(refused(format!(
+    let done = metrics_until(node, CATCH_UP_TIMEOUT, |m| {
+        let (leading, last, matched) = progress(m, node.id, target);
+        (!leading || matched >= last).then_some((leading, last))
+    });
+    match done.await {
+        Some((true, last)) => Ok(last),
+        Some((false, _)) => Err(HandoverError::NotLeader {
+            leader: node.leader(),
+        }),
+        None => {
+            let (_, last, matched) = progress(&node.raft.metrics().borrow(), node.id, target);
+            Err(refused(format!(
                 "node {target} has not caught up within {CATCH_UP_TIMEOUT:?}: it holds the log up to index {matched}, the leader's ends at {last}"
-            )));
+            )))
         }
     }
 }
 
 /// Waits until this node follows another leader; returns its id.
 async fn new_leader(node: &Node, target: NodeId) -> Result<NodeId, HandoverError> {
-    let mut metrics = node.raft.metrics();
-    let deadline = Instant::now() + ELECTED_TIMEOUT;
-    loop {
-        let leader = metrics.borrow_and_update().current_leader;
-        if let Some(id) = leader.filter(|id| *id != node.id) {
-            return Ok(id);
-        }
-        if !matches!(timeout_at(deadline, metrics.changed()).await, Ok(Ok(()))) {
-            return Err(HandoverError::Incomplete(format!(
-                "node {target} was asked to take over, but no new leader was seen within {ELECTED_TIMEOUT:?} (leader now: {leader:?}); check `cluster status`"
-            )));
-        }
-    }
+    let other = |m: &RaftMetrics<NodeId, BasicNode>| m.current_leader.filter(|id| *id != node.id);
+    metrics_until(node, ELECTED_TIMEOUT, other).await.ok_or_else(|| {
+        let now = node.raft.metrics().borrow().current_leader;
+        HandoverError::Incomplete(format!(
+            "node {target} was asked to take over, but no new leader was seen within {ELECTED_TIMEOUT:?} (leader now: {now:?}); check `cluster status`"
+        ))
+    })
 }
 
 /// A graceful stop of the leader hands leadership to an up-to-date voter
@@ -239,7 +252,7 @@ pub async fn before_stop(node: &Node) {
     match timeout(STOP_TIMEOUT, transfer_leader(node, None)).await {
         Ok(Ok(h)) => tracing::info!(
             leader = h.leader,
-            took_ms = h.took.as_millis() as u64,
+            took_ms = h.took_ms,
             "stopping: handed leadership over"
         ),
         Ok(Err(e)) => tracing::warn!("stopping without a handover: {e}"),

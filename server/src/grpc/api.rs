@@ -509,7 +509,7 @@ impl pb::cluster_server::Cluster for Api {
         Ok(Response::new(pb::TransferLeaderResponse {
             leader: h.leader,
             previous: h.previous,
-            took_ms: h.took.as_millis() as u64,
+            took_ms: h.took_ms.max(0) as u64,
         }))
     }
 
