@@ -7,6 +7,7 @@ pub mod backup;
 pub mod clock;
 pub mod core;
 pub mod grpc;
+pub mod handover;
 pub mod http;
 pub mod leader;
 pub mod membership;

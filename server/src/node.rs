@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_proto::peer::{Empty, LocalStatusResponse};
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -20,7 +20,7 @@ use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::{limits, Command, CommandError, FinishReport, Response};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::network::{self, Dialer, PeerRpc};
-use crate::raft::{NodeId, Raft};
+use crate::raft::{LogId, NodeId, Raft};
 use crate::store::{self, LogStore, StateMachine};
 use crate::tls::NodeTls;
 
@@ -178,6 +178,12 @@ pub struct Node {
     /// Public calls need a token (`--auth-token-file`).
     pub auth_required: bool,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Held shared by everything that makes the leader send AppendEntries
+    /// besides heartbeats (proposals, membership changes, read indexes);
+    /// exclusively by a leadership handover, so no entry is appended (and no
+    /// follower's lease renewed) while the next leader catches up and is
+    /// elected (see `handover`).
+    pub(crate) handover_gate: tokio::sync::RwLock<()>,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -186,7 +192,11 @@ const BATCH_QUEUE: usize = 65_536;
 
 impl Node {
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
-        let res = tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(cmd.into())).await;
+        let write = async {
+            let _open = self.handover_gate.read().await;
+            self.raft.client_write(cmd.into()).await
+        };
+        let res = tokio::time::timeout(PROPOSE_TIMEOUT, write).await;
         match res {
             Err(_) => Err(ProposeError::Timeout),
             Ok(Ok(r)) => Ok(r.data),
@@ -197,6 +207,15 @@ impl Node {
             }
             Ok(Err(e)) => Err(ProposeError::Raft(e.to_string())),
         }
+    }
+
+    /// A read index (openraft's `ensure_linearizable`: AppendEntries to a
+    /// quorum), behind the handover gate.
+    pub async fn ensure_linearizable(
+        &self,
+    ) -> Result<Option<LogId>, RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>> {
+        let _open = self.handover_gate.read().await;
+        self.raft.ensure_linearizable().await
     }
 
     /// Proposes a client command, grouped with others that arrive meanwhile
@@ -706,6 +725,7 @@ pub async fn run(
         dialer,
         auth_required: config.auth_token.is_some(),
         metrics,
+        handover_gate: tokio::sync::RwLock::new(()),
     });
     let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
@@ -731,8 +751,11 @@ pub async fn run(
         tasks.push(tokio::spawn(bootstrap_admin(node.clone(), hash)));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopping = node.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // Still serving: the next leader needs this node's votes and log.
+        crate::handover::before_stop(&stopping).await;
         let _ = stop_tx.send(true);
     });
     let http_task = http.map(|l| {

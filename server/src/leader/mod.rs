@@ -130,7 +130,7 @@ impl Drop for AbortOnDrop {
 async fn watch_quorum(node: &Node) -> anyhow::Result<()> {
     loop {
         sleep(QUORUM_CHECK).await;
-        match tokio::time::timeout(QUORUM_LOST, node.raft.ensure_linearizable()).await {
+        match tokio::time::timeout(QUORUM_LOST, node.ensure_linearizable()).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => anyhow::bail!("not confirmed by a quorum: {e}"),
             Err(_) => anyhow::bail!("no quorum answered within {QUORUM_LOST:?}"),
@@ -151,7 +151,7 @@ impl Term {
     async fn start(node: Arc<Node>) -> anyhow::Result<()> {
         // Subscribe before reading state so no effect falls in between.
         let mut effects = node.sm.subscribe();
-        node.raft.ensure_linearizable().await?;
+        node.ensure_linearizable().await?;
         let now = loop {
             if let Some(now) = node.clock.calibrated_now_ms() {
                 break now;

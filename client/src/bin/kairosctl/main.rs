@@ -231,8 +231,12 @@ enum ClusterCmd {
     AddLearner { id: u64, peer_addr: String },
     /// Make a learner a voter.
     Promote { id: u64 },
-    /// Remove a voter or learner from the cluster.
+    /// Remove a voter or learner from the cluster (the leader's own node:
+    /// leadership is handed over first and the new leader removes it).
     Remove { id: u64 },
+    /// Hand leadership to voter ID (default: the most up-to-date other
+    /// voter) without an election timeout; prints the new leader.
+    TransferLeader { id: Option<u64> },
     /// Replace voter OLD by a new node NEW (started with --join): add it as
     /// a learner, wait until it has caught up, promote it, remove OLD. Each
     /// step is skipped when already done, so an interrupted replace is
@@ -251,13 +255,20 @@ enum ClusterCmd {
 const PROMOTE_LAG_MAX: u64 = 100;
 
 async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result<()> {
-    let print =
-        |m: &pb::MembershipResponse| println!("voters {:?}, learners {:?}", m.voters, m.learners);
+    let print = |m: &pb::MembershipResponse| {
+        let v = json!({"voters": m.voters, "learners": m.learners});
+        print_value(
+            out,
+            v,
+            &format!("voters {:?}, learners {:?}", m.voters, m.learners),
+        );
+    };
     match cmd {
         ClusterCmd::Status => cluster_status(c, out).await?,
         ClusterCmd::AddLearner { id, peer_addr } => print(&add_learner(c, id, &peer_addr).await?),
         ClusterCmd::Promote { id } => print(&promote(c, id).await?),
         ClusterCmd::Remove { id } => print(&remove_node(c, id).await?),
+        ClusterCmd::TransferLeader { id } => transfer_leader(c, out, id).await?,
         ClusterCmd::Replace {
             old_id,
             new_id,
@@ -331,6 +342,23 @@ async fn remove_node(c: &Client, id: u64) -> anyhow::Result<pb::MembershipRespon
         c.call(|ch| async move { ClusterClient::new(ch).remove_node(req).await })
             .await?,
     )
+}
+
+async fn transfer_leader(c: &Client, out: Output, id: Option<u64>) -> anyhow::Result<()> {
+    use pb::cluster_client::ClusterClient;
+    let req = pb::TransferLeaderRequest {
+        id: id.unwrap_or(0),
+    };
+    let r = c
+        .call(|ch| async move { ClusterClient::new(ch).transfer_leader(req).await })
+        .await?;
+    let text = format!(
+        "leader: node {} (was node {}, handed over in {} ms)",
+        r.leader, r.previous, r.took_ms
+    );
+    let v = json!({"leader": r.leader, "previous": r.previous, "took_ms": r.took_ms});
+    print_value(out, v, &text);
+    Ok(())
 }
 
 async fn promote(c: &Client, id: u64) -> anyhow::Result<pb::MembershipResponse> {
