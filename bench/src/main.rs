@@ -1,7 +1,8 @@
 //! `kairos-bench`: the load tool of Kairos. It starts a local 3-node
 //! cluster from the release binary (or uses `--endpoints`), drives it with
 //! real workers and clients over gRPC, and prints a table or JSON per
-//! scenario: `throughput`, `seed-10k`, `timers-1m`, `failover`, and `smoke`
+//! scenario: `throughput`, `seed-10k`, `timers-1m`, `failover`,
+//! `rolling-restart`, and `smoke`
 //! (all four, short, for CI). The exit status is non-zero when a scenario
 //! errs or finds a correctness violation (lost or doubled fires); missed
 //! performance targets are reported, not failed.
@@ -33,6 +34,10 @@ pub enum Scenario {
     Timers1m,
     /// SIGKILL the leader repeatedly under interval load: gap to the next fire, lost and doubled fires.
     Failover,
+    /// Restart every node in turn under interval load, first gracefully (SIGTERM: the leader
+    /// hands over), then with SIGKILL: fire delay and lateness, elections, lost and doubled fires.
+    #[value(name = "rolling-restart")]
+    RollingRestart,
     /// All four scenarios, short (for CI).
     Smoke,
 }
@@ -56,10 +61,13 @@ pub struct Opts {
     pub endpoints: Vec<String>,
     #[arg(long, value_enum, default_value = "table")]
     pub output: OutputFormat,
+    /// Voters of the local cluster (1 to 9).
+    #[arg(long, default_value_t = cluster::NODES)]
+    pub nodes: u64,
     /// The kairos server binary for the local cluster.
     #[arg(long, default_value = "target/release/kairos")]
     pub bin: PathBuf,
-    /// Number of jobs/timers (seed-10k: 10000, timers-1m: 1000000, failover: 50).
+    /// Number of jobs/timers (seed-10k: 10000, timers-1m: 1000000, failover: 50, rolling-restart: 10).
     #[arg(long)]
     pub count: Option<u64>,
     /// Leader kills in `failover`.
@@ -77,7 +85,7 @@ pub struct Opts {
     /// throughput: offered fires/s (jobs x 1000 / every-ms).
     #[arg(long)]
     pub rate: Option<u64>,
-    /// Interval of the interval jobs in `throughput` (ms) and `failover` (ms).
+    /// Interval of the interval jobs in `throughput`, `failover` and `rolling-restart` (ms).
     #[arg(long)]
     pub every_ms: Option<u64>,
     /// seed-10k: period of the boundary group in seconds (60 = every minute; must divide 60).

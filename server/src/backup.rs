@@ -121,16 +121,10 @@ fn read_part(reader: &mut snapfile::Reader) -> std::io::Result<Vec<(Vec<u8>, Vec
     Ok(part)
 }
 
-/// Verifies a backup file whole and returns its log index.
+/// Verifies a backup file whole (its format included) and returns its log index.
 fn verified(path: &Path) -> Result<u64, BackupError> {
-    let (version, meta) =
+    let (_, meta) =
         snapfile::verify(path).map_err(|e| BackupError::Refused(format!("backup file: {e}")))?;
-    if version != keys::STATE_VERSION {
-        return Err(BackupError::Refused(format!(
-            "backup file: format version {version}, this binary understands {}",
-            keys::STATE_VERSION
-        )));
-    }
     Ok(meta.last_log_id.map_or(0, |l| l.index))
 }
 

@@ -5,7 +5,10 @@
 //! Refused (the reason named): a change that would leave fewer than a quorum
 //! of reachable voters, a change while another is in progress (the last
 //! membership entry is not committed, or is a joint configuration), removing
-//! the last voter, promoting a node that is not a learner.
+//! the last voter, promoting a node that is not a learner. Removing the
+//! leader's own node hands leadership over first (`handover`) and answers
+//! with a redirect; the new leader removes it, without waiting for an election. A change holds the
+//! handover gate shared, like a proposal, so a handover never races one.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use std::time::Duration;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
 
+use crate::handover::{self, HandoverError};
 use crate::node::Node;
 use crate::raft::NodeId;
 
@@ -47,7 +51,7 @@ fn refused(msg: impl Into<String>) -> MembershipError {
 }
 
 /// The current membership, refusing if a change is still in progress.
-fn settled(node: &Node) -> Result<Members, MembershipError> {
+pub(crate) fn settled(node: &Node) -> Result<Members, MembershipError> {
     let m = node.raft.metrics().borrow().clone();
     if m.current_leader != Some(node.id) {
         return Err(MembershipError::NotLeader {
@@ -156,6 +160,7 @@ pub async fn add_learner(
             "node {id} is already a learner at {addr}; remove it first to move it"
         )));
     }
+    let _open = node.handover_gate.read().await;
     node.raft
         .add_learner(id, BasicNode::new(peer_addr), false)
         .await
@@ -177,6 +182,7 @@ pub async fn promote(node: &Node, id: NodeId) -> Result<Members, MembershipError
     let mut after = now.voters.clone();
     after.insert(id);
     require_quorum(node, &after, &format!("promoting node {id}")).await?;
+    let _open = node.handover_gate.read().await;
     node.raft
         .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
         .await
@@ -188,6 +194,7 @@ pub async fn promote(node: &Node, id: NodeId) -> Result<Members, MembershipError
 pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError> {
     let now = settled(node)?;
     if now.learners.contains(&id) {
+        let _open = node.handover_gate.read().await;
         node.raft
             .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
             .await
@@ -203,6 +210,23 @@ pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError>
     let mut after = now.voters.clone();
     after.remove(&id);
     require_quorum(node, &after, &format!("removing node {id}")).await?;
+    if id == node.id {
+        // A redirect: the caller retries at the new leader, which removes
+        // this node (and the caller talks to a member from then on).
+        let h = handover::transfer_leader(node, None)
+            .await
+            .map_err(|e| match e {
+                HandoverError::NotLeader { leader } => MembershipError::NotLeader { leader },
+                e => refused(format!(
+                    "removing the leader: handing leadership over first failed: {e}"
+                )),
+            })?;
+        tracing::info!(leader = h.leader, "handed leadership over to be removed");
+        return Err(MembershipError::NotLeader {
+            leader: node.leader(),
+        });
+    }
+    let _open = node.handover_gate.read().await;
     node.raft
         .change_membership(ChangeMembers::RemoveVoters([id].into()), false)
         .await

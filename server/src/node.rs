@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_proto::peer::{Empty, LocalStatusResponse};
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -20,7 +20,7 @@ use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::{limits, Command, CommandError, FinishReport, Response};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::network::{self, Dialer, PeerRpc};
-use crate::raft::{NodeId, Raft};
+use crate::raft::{LogId, NodeId, Raft};
 use crate::store::{self, LogStore, StateMachine};
 use crate::tls::NodeTls;
 
@@ -177,6 +177,13 @@ pub struct Node {
     pub dialer: Dialer,
     /// Public calls need a token (`--auth-token-file`).
     pub auth_required: bool,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Held shared by everything that makes the leader send AppendEntries
+    /// besides heartbeats (proposals, membership changes, read indexes);
+    /// exclusively by a leadership handover, so no entry is appended (and no
+    /// follower's lease renewed) while the next leader catches up and is
+    /// elected (see `handover`).
+    pub(crate) handover_gate: tokio::sync::RwLock<()>,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -185,7 +192,11 @@ const BATCH_QUEUE: usize = 65_536;
 
 impl Node {
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
-        let res = tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(cmd)).await;
+        let write = async {
+            let _open = self.handover_gate.read().await;
+            self.raft.client_write(cmd.into()).await
+        };
+        let res = tokio::time::timeout(PROPOSE_TIMEOUT, write).await;
         match res {
             Err(_) => Err(ProposeError::Timeout),
             Ok(Ok(r)) => Ok(r.data),
@@ -196,6 +207,15 @@ impl Node {
             }
             Ok(Err(e)) => Err(ProposeError::Raft(e.to_string())),
         }
+    }
+
+    /// A read index (openraft's `ensure_linearizable`: AppendEntries to a
+    /// quorum), behind the handover gate.
+    pub async fn ensure_linearizable(
+        &self,
+    ) -> Result<Option<LogId>, RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>> {
+        let _open = self.handover_gate.read().await;
+        self.raft.ensure_linearizable().await
     }
 
     /// Proposes a client command, grouped with others that arrive meanwhile
@@ -386,6 +406,9 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
     let mut carry = None;
     let size = |h: &Handed| h.run.job.len() + h.worker.len() + 32;
     while let Some(batch) = next_batch(&mut rx, &mut carry, limits::FINISH_BATCH_MAX, size).await {
+        for h in &batch {
+            node.metrics.dispatched(h.waited);
+        }
         let assignments = batch
             .into_iter()
             .map(|h| (h.run, h.attempt, h.worker))
@@ -661,7 +684,12 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     config.validate()?;
     tracing::info!(id = config.id, data_dir = %config.data_dir.display(), "opening the store");
-    let (log, sm) = store::open(&config.data_dir, config.cache_bytes, Default::default())?;
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let sm_opts = store::sm::Options {
+        metrics: metrics.clone(),
+        ..Default::default()
+    };
+    let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
     let raft_config = Arc::new(config.raft_config()?);
     let dialer = Dialer {
         self_id: config.id,
@@ -696,6 +724,8 @@ pub async fn run(
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),
+        metrics,
+        handover_gate: tokio::sync::RwLock::new(()),
     });
     let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
@@ -721,8 +751,11 @@ pub async fn run(
         tasks.push(tokio::spawn(bootstrap_admin(node.clone(), hash)));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopping = node.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // Still serving: the next leader needs this node's votes and log.
+        crate::handover::before_stop(&stopping).await;
         let _ = stop_tx.send(true);
     });
     let http_task = http.map(|l| {

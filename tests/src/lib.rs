@@ -347,6 +347,18 @@ impl Cluster {
             .with_security(self.security.clone())
     }
 
+    /// Runs `kairosctl` against this cluster's endpoints: whether it
+    /// succeeded, and its stdout followed by its stderr.
+    pub fn kairosctl(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(kairosctl_bin())
+            .arg("--endpoints")
+            .arg(self.endpoints().join(","))
+            .args(args)
+            .output()
+            .expect("run kairosctl");
+        outcome(&out)
+    }
+
     /// Waits until a leader is elected and every live node reports it; returns its id.
     pub async fn wait_leader(&self) -> u64 {
         let c = self.client();
@@ -458,6 +470,17 @@ fn thread_waits(pid: u32) -> String {
         out.push(format!("{}:{}", read("comm"), read("wchan")));
     }
     out.join(" ")
+}
+
+/// A finished command's outcome: whether it succeeded, and its stdout
+/// followed by its stderr.
+pub fn outcome(out: &std::process::Output) -> (bool, String) {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }
 
 /// Polls `f` until it returns Some, or panics after `timeout` naming `what`.

@@ -14,23 +14,8 @@ use std::time::Duration;
 
 use kairos_client::{pb, Client};
 use kairos_tests::{
-    assert_no_gap_no_double, create, every_job, kairos_bin, kairosctl_bin, wait_for, Cluster,
+    assert_no_gap_no_double, create, every_job, kairos_bin, outcome, wait_for, Cluster,
 };
-
-fn kairosctl(cluster: &Cluster, args: &[&str]) -> (bool, String) {
-    let out = Command::new(kairosctl_bin())
-        .arg("--endpoints")
-        .arg(cluster.endpoints().join(","))
-        .args(args)
-        .output()
-        .expect("run kairosctl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
 
 /// `kairos restore --from FILE --data-dir DIR`: (success, output).
 fn kairos_restore(file: &Path, data_dir: &Path) -> (bool, String) {
@@ -42,12 +27,7 @@ fn kairos_restore(file: &Path, data_dir: &Path) -> (bool, String) {
         .arg(data_dir)
         .output()
         .expect("run kairos restore");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    outcome(&out)
 }
 
 async fn job_ids(c: &Client) -> Vec<String> {
@@ -89,7 +69,7 @@ async fn a_backup_restores_into_a_new_cluster_and_damaged_ones_are_refused() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backup.snap");
-    let (ok, text) = kairosctl(&a, &["snapshot", "save", file.to_str().unwrap()]);
+    let (ok, text) = a.kairosctl(&["snapshot", "save", file.to_str().unwrap()]);
     assert!(ok, "{text}");
     let in_backup = ca.list_runs("tick", 100_000).await.unwrap().len();
     let inspect = Command::new(kairos_bin())
@@ -109,13 +89,13 @@ async fn a_backup_restores_into_a_new_cluster_and_damaged_ones_are_refused() {
     b.wait_leader().await;
     let cb = b.client();
     for (bad, what) in damaged_copies(&file, dir.path()) {
-        let (ok, text) = kairosctl(&b, &["snapshot", "restore", bad.to_str().unwrap()]);
+        let (ok, text) = b.kairosctl(&["snapshot", "restore", bad.to_str().unwrap()]);
         assert!(!ok, "{what} copy was restored: {text}");
         assert!(text.contains("backup file"), "{what}: {text}");
         assert!(job_ids(&cb).await.is_empty(), "{what} copy wrote something");
     }
 
-    let (ok, text) = kairosctl(&b, &["snapshot", "restore", file.to_str().unwrap()]);
+    let (ok, text) = b.kairosctl(&["snapshot", "restore", file.to_str().unwrap()]);
     assert!(ok, "{text}");
     assert_eq!(
         job_ids(&cb).await,
@@ -141,7 +121,7 @@ async fn a_backup_restores_into_a_new_cluster_and_damaged_ones_are_refused() {
             .all(|n| n.state_digest == nodes[0].state_digest),
         "{nodes:?}"
     );
-    let (ok, text) = kairosctl(&b, &["snapshot", "restore", file.to_str().unwrap()]);
+    let (ok, text) = b.kairosctl(&["snapshot", "restore", file.to_str().unwrap()]);
     assert!(!ok && text.contains("already holds jobs"), "{text}");
     drop(b);
 

@@ -28,12 +28,15 @@ pub type EffectBatch = Arc<Vec<Effect>>;
 pub struct Options {
     /// Capacity of the effect channel; a lagging leader task resyncs from state.
     pub effect_capacity: usize,
+    /// Where apply times are observed.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             effect_capacity: 4096,
+            metrics: Arc::default(),
         }
     }
 }
@@ -49,6 +52,7 @@ struct Inner {
     snapshot_path: PathBuf,
     apply_lock: Mutex<()>,
     effects: broadcast::Sender<EffectBatch>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -68,22 +72,6 @@ impl StateMachine {
             finish_install(&tree, &snapshot_path.with_extension("recv"), &snapshot_path)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         }
-        match KvTree::get(&tree, keys::META_VERSION)? {
-            None => {
-                tree.insert(keys::META_VERSION, encode(&keys::STATE_VERSION))?;
-            }
-            Some(b) => {
-                let found: u32 = decode(&b).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                if found != keys::STATE_VERSION {
-                    let dir = dir.display().to_string();
-                    return Err(StoreError::Version {
-                        dir,
-                        found,
-                        expected: keys::STATE_VERSION,
-                    });
-                }
-            }
-        }
         if let Some(before) = record_tzdata(&db.open_tree(LOCAL_TREE)?)? {
             tracing::error!(
                 before = %before,
@@ -100,6 +88,7 @@ impl StateMachine {
             snapshot_path,
             apply_lock: Mutex::new(()),
             effects,
+            metrics: opts.metrics,
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -160,6 +149,11 @@ impl StateMachine {
     pub fn token_by_hash(&self, hash: &str) -> Option<core::Token> {
         let name: String = self.meta(&keys::token_hash(hash))?;
         self.meta(&keys::token(&name))
+    }
+
+    /// Whether a `Housekeep` at `now_ms` would find work.
+    pub fn housekeeping_due(&self, now_ms: i64) -> bool {
+        core::query::housekeeping_due(&self.view(), now_ms)
     }
 
     /// The file holding the current snapshot (`snapshot.bin`).
@@ -299,7 +293,13 @@ impl StateMachine {
                     overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
                     responses.push(Response::Empty);
                 }
-                EntryPayload::Normal(cmd) => {
+                EntryPayload::Normal(logged) => {
+                    let cmd = logged.command(entry.log_id.index).map_err(|e| {
+                        // Nothing of this batch is written: the node stops
+                        // applying here, and again at this entry after a restart.
+                        tracing::error!("refusing to apply: {e}");
+                        StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
+                    })?;
                     let applied = core::apply(&overlay, &cmd);
                     for w in applied.writes {
                         match w {
@@ -455,13 +455,7 @@ fn finish_install(tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Re
 /// time during install: the check is cheap next to the load, and the disk
 /// may have changed it).
 fn load(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
-    let (version, _) = snapfile::verify(path)?;
-    if version != keys::STATE_VERSION {
-        return Err(std::io::Error::other(format!(
-            "snapshot format version {version}, this binary understands {}",
-            keys::STATE_VERSION
-        )));
-    }
+    snapfile::verify(path)?;
     let io = std::io::Error::other;
     // Delete everything but the marker, in bounded batches.
     loop {
@@ -557,7 +551,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let (responses, effects) = {
             let _g = self.inner.apply_lock.lock().await;
-            self.apply_entries(entries)?
+            let start = std::time::Instant::now();
+            let applied = self.apply_entries(entries)?;
+            self.inner.metrics.applied(start.elapsed());
+            applied
         };
         if !effects.is_empty() {
             // No receiver (not leader) is fine: followers have no leader work.
@@ -592,16 +589,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
         let recv = self.received_file(snapshot).await?;
-        let (version, held) = {
+        let verified = {
             let recv = recv.clone();
-            blocking(move || snapfile::verify(&recv)).await?
+            tokio::task::spawn_blocking(move || snapfile::verify(&recv))
+                .await
+                .map_err(snap_err)?
         };
-        if held.last_log_id != meta.last_log_id || version != keys::STATE_VERSION {
+        // A snapshot of a format this binary does not read is refused here,
+        // both versions named, and the node stops rather than misload it.
+        let (_, held) = verified.map_err(|e| {
+            tracing::error!("refusing to install a received snapshot: {e}");
+            snap_err(e)
+        })?;
+        if held.last_log_id != meta.last_log_id {
             let e = StoreError::Corrupt(format!(
-                "received snapshot holds {:?} (format {version}), expected {:?} (format {})",
-                held.last_log_id,
-                meta.last_log_id,
-                keys::STATE_VERSION
+                "received snapshot holds {:?}, expected {:?}",
+                held.last_log_id, meta.last_log_id
             ));
             return Err(snap_err(e));
         }
@@ -639,10 +642,13 @@ mod tests {
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
-            payload: EntryPayload::Normal(Command::CreateJob {
-                spec,
-                now_ms: 1_000_000,
-            }),
+            payload: EntryPayload::Normal(
+                Command::CreateJob {
+                    spec,
+                    now_ms: 1_000_000,
+                }
+                .into(),
+            ),
         }
     }
 
@@ -772,6 +778,29 @@ mod tests {
         drop((b, current));
         let b = open(b_dir.path());
         assert_eq!(b.digest().await, after, "reopens with the same state");
+    }
+
+    #[tokio::test]
+    async fn an_entry_of_a_newer_log_format_stops_applying_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open(dir.path());
+        sm.apply([create(1)]).await.unwrap();
+        let before = sm.digest().await;
+        // A batch whose second entry a newer binary wrote: the first of it
+        // is not applied either, so a restart meets the same entry again.
+        let mut newer = create(3);
+        if let EntryPayload::Normal(c) = &mut newer.payload {
+            c.format = crate::core::command::LOG_FORMAT + 1;
+        }
+        let e = sm.apply([create(2), newer]).await.unwrap_err().to_string();
+        let want = format!(
+            "log entry 3 has format version {}, newer than this binary's {}",
+            crate::core::command::LOG_FORMAT + 1,
+            crate::core::command::LOG_FORMAT
+        );
+        assert!(e.contains(&want), "{e}");
+        assert_eq!(sm.digest().await, before);
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(1));
     }
 
     #[tokio::test]

@@ -81,6 +81,8 @@ fn inspect(file: &std::path::Path) -> anyhow::Result<()> {
         't' => "tokens (not restored)",
         'k' => "token index (not restored)",
         'd' | 'e' => "request ids (not restored)",
+        'g' => "deleted jobs whose runs housekeeping still removes",
+        'x' => "history-limit checks (housekeeping)",
         'm' => "meta (not restored)",
         _ => "other",
     };
