@@ -298,6 +298,18 @@ pub async fn remove_node(
     bounded(t, call).await
 }
 
+/// Header of a "not the leader" answer naming the leader's public address.
+const LEADER_HEADER: &str = "x-kairos-leader";
+
+/// The slot of the leader a "not the leader" answer names, if it is one of ours.
+pub fn redirect(s: &Status, nodes: &[Node]) -> Option<usize> {
+    if s.code() != Code::Unavailable {
+        return None;
+    }
+    let addr = s.metadata().get(LEADER_HEADER)?.to_str().ok()?;
+    nodes.iter().position(|n| n.addr == addr)
+}
+
 /// Runs a call with a deadline of its own besides the gRPC one, so a
 /// paused node cannot hold the caller.
 async fn bounded<T>(
@@ -359,6 +371,41 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_redirect_names_one_of_our_slots() {
+        let nodes: Vec<Node> = (0..3)
+            .map(|slot| {
+                let addr = format!("10.0.0.{}:7070", slot + 1);
+                let ch = channel(&addr, &Security::default()).unwrap();
+                Node::new(slot, slot as u64 + 1, addr, ch)
+            })
+            .collect();
+        let with_leader = |code: Code, addr: &str| {
+            let mut s = Status::new(code, "not the leader");
+            s.metadata_mut()
+                .insert(LEADER_HEADER, addr.parse().unwrap());
+            s
+        };
+        assert_eq!(
+            redirect(&with_leader(Code::Unavailable, "10.0.0.3:7070"), &nodes),
+            Some(2)
+        );
+        assert_eq!(
+            redirect(&with_leader(Code::Unavailable, "10.9.9.9:7070"), &nodes),
+            None
+        );
+        assert_eq!(
+            redirect(&with_leader(Code::Internal, "10.0.0.3:7070"), &nodes),
+            None
+        );
+        assert_eq!(
+            redirect(&Status::unavailable("no leader elected yet"), &nodes),
+            None
+        );
+        nodes[2].set_id(6);
+        assert_eq!((nodes[2].id(), nodes[2].clone().id()), (6, 6));
+    }
 
     #[test]
     fn definite_rejections_fail_and_timeouts_are_unknown() {

@@ -51,6 +51,8 @@ const PROMOTE_LAG_MAX: u64 = 100;
 const KILLED_FOR: Duration = Duration::from_secs(2);
 /// Pause between polls of the leader's view, and between restore attempts.
 const POLL: Duration = Duration::from_millis(500);
+/// Redirects a call follows (the leader removing itself answers with one).
+const REDIRECTS_MAX: usize = 2;
 /// Assumed length of a call that changes the voters until one was timed.
 const CALL_MS_GUESS: u64 = 200;
 /// How long a call waits for a leader (e.g. the election after the leader
@@ -105,6 +107,8 @@ enum Answer {
     Refused(String),
     /// Anything else: it may or may not have taken effect.
     Unknown,
+    /// UNAVAILABLE naming the leader's address (the slot here): try there.
+    Redirect(usize),
 }
 
 pub struct Membership {
@@ -247,8 +251,9 @@ impl Membership {
                     }
                     let peer = self.cluster.nodes[slot].peer.clone();
                     let added = self
-                        .call(Call::AddLearner, id, None, |ch| async move {
-                            client::add_learner(&ch, id, &peer, CALL_TIMEOUT).await
+                        .call(Call::AddLearner, id, None, |ch| {
+                            let peer = peer.clone();
+                            async move { client::add_learner(&ch, id, &peer, CALL_TIMEOUT).await }
                         })
                         .await;
                     if !matches!(added, Answer::Ok) || !self.caught_up(id).await {
@@ -292,79 +297,97 @@ impl Membership {
     }
 
     /// Sends one membership call to the leader (any node when it is not
-    /// known: they forward). Calls that change the voters are timed; with
-    /// `kill_at` the leader is SIGKILLed that fraction of the last such
-    /// call's length into it, if it has not answered yet, and restarted
-    /// [`KILLED_FOR`] later. Records the outcome.
+    /// known: they forward), following up to [`REDIRECTS_MAX`] redirects (a
+    /// leader asked to remove itself hands over and redirects). Calls that
+    /// change the voters are timed; with `kill_at` the leader is SIGKILLed
+    /// that fraction of the last such call's length into the first try, if
+    /// it has not answered yet, and restarted [`KILLED_FOR`] later. Records
+    /// every answer.
     async fn call<F, Fut>(&mut self, what: Call, id: u64, kill_at: Option<f64>, f: F) -> Answer
     where
-        F: FnOnce(client::NodeChannel) -> Fut,
+        F: Fn(client::NodeChannel) -> Fut,
         Fut: std::future::Future<Output = Result<MembershipResponse, tonic::Status>>,
     {
-        let (via, leads) = match self.leader_slot().await {
+        let (mut via, leads) = match self.leader_slot().await {
             Some(slot) => (slot, true),
             None => (self.rng.gen_range(0..self.nodes.len()), false),
         };
-        let via_id = self.nodes[via].id();
-        let sent = Instant::now();
-        let mut rpc = std::pin::pin!(f(self.nodes[via].channel.clone()));
-        // The kill lands only while the call is in flight.
-        let mut killed = None;
         let kill_after_ms = kill_at
             .filter(|_| leads)
             .map(|f| (f * self.change_call_ms as f64) as u64);
-        let early = match kill_after_ms {
-            Some(ms) => tokio::select! {
-                a = &mut rpc => Some(a),
-                _ = tokio::time::sleep(Duration::from_millis(ms)) => {
-                    self.cluster.kill(via);
-                    killed = Some(ms);
-                    None
+        let mut killed = None;
+        let mut hops = 0;
+        let out = loop {
+            let via_id = self.nodes[via].id();
+            let sent = Instant::now();
+            let rpc = f(self.nodes[via].channel.clone());
+            let answer = match kill_after_ms.filter(|_| hops == 0) {
+                Some(ms) => self.kill_during(via, ms, rpc, &mut killed).await,
+                None => rpc.await,
+            };
+            let took_ms = sent.elapsed().as_millis() as u64;
+            let (out, text) = match answer {
+                Ok(m) => {
+                    if what != Call::AddLearner {
+                        self.change_call_ms = took_ms;
+                    }
+                    let text = format!("ok: voters {:?} learners {:?}", m.voters, m.learners);
+                    (Answer::Ok, text)
                 }
-            },
-            None => None,
-        };
-        let answer = match early {
-            Some(a) => a,
-            None => rpc.await,
-        };
-        if let Some(ms) = killed {
+                Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                    let text = format!("refused: {}", s.message());
+                    (Answer::Refused(s.message().to_string()), text)
+                }
+                Err(s) => {
+                    let text = format!("unknown: {} {}", code_name(s.code()), s.message());
+                    let to = client::redirect(&s, &self.nodes).filter(|_| hops < REDIRECTS_MAX);
+                    (to.map_or(Answer::Unknown, Answer::Redirect), text)
+                }
+            };
             let note = format!(
-                "SIGKILL node {via_id} (leader) {ms} ms into {} {id}",
+                "{} {id} via node {via_id}: {text} ({took_ms} ms)",
                 what.name()
             );
-            self.info(vec![via_id], note).await;
-        }
-        let took_ms = sent.elapsed().as_millis() as u64;
-        let (out, text) = match answer {
-            Ok(m) => {
-                if what != Call::AddLearner {
-                    self.change_call_ms = took_ms;
+            self.info(vec![id], note).await;
+            match out {
+                Answer::Redirect(slot) => {
+                    via = slot;
+                    hops += 1;
                 }
-                let text = format!("ok: voters {:?} learners {:?}", m.voters, m.learners);
-                (Answer::Ok, text)
-            }
-            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                let text = format!("refused: {}", s.message());
-                (Answer::Refused(s.message().to_string()), text)
-            }
-            Err(s) => {
-                let text = format!("unknown: {} {}", code_name(s.code()), s.message());
-                (Answer::Unknown, text)
+                out => break out,
             }
         };
-        let note = format!(
-            "{} {id} via node {via_id}: {text} ({took_ms} ms)",
-            what.name()
-        );
-        self.info(vec![id], note).await;
-        if killed.is_some() {
+        if let Some((slot, slot_id, ms)) = killed {
+            let note = format!(
+                "SIGKILL node {slot_id} (leader) {ms} ms into {} {id}",
+                what.name()
+            );
+            self.info(vec![slot_id], note).await;
             tokio::time::sleep(KILLED_FOR).await;
-            if let Err(e) = self.cluster.restart_if_down(via) {
-                self.info(vec![via_id], format!("restart: {e:#}")).await;
+            if let Err(e) = self.cluster.restart_if_down(slot) {
+                self.info(vec![slot_id], format!("restart: {e:#}")).await;
             }
         }
         out
+    }
+
+    /// Awaits `rpc`, SIGKILLing slot `via`'s node after `ms` if it has not
+    /// answered by then (noted in `killed`: slot, node id, ms).
+    async fn kill_during<Fut: std::future::Future>(
+        &self,
+        via: usize,
+        ms: u64,
+        rpc: Fut,
+        killed: &mut Option<(usize, u64, u64)>,
+    ) -> Fut::Output {
+        let mut rpc = std::pin::pin!(rpc);
+        tokio::select! {
+            a = &mut rpc => return a,
+            _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+        }
+        *killed = Some((via, self.nodes[via].id(), ms));
+        self.cluster.kill(via);
+        rpc.await
     }
 
     /// Does the leader report `id` as a voter, with no change in progress?
