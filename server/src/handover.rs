@@ -30,6 +30,8 @@ use crate::raft::NodeId;
 
 /// How long proposals already in flight may take to commit once new ones are held.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a leader elected a moment ago gets to apply its membership.
+const FRESH_LEADER_WAIT: Duration = Duration::from_secs(2);
 /// How long the target may take to hold the leader's whole log.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the election may take once the target was asked to start it.
@@ -84,6 +86,13 @@ impl From<MembershipError> for HandoverError {
 /// timeouts above) and then find this node a follower.
 pub async fn transfer_leader(node: &Node, to: Option<NodeId>) -> Result<Handover, HandoverError> {
     let started_ms = node.clock.mono_ms();
+    // A leader elected a moment ago may not have applied the membership it
+    // leads with yet, which `settled` refuses as a change in progress.
+    let mut metrics = node.raft.metrics();
+    let applied = |m: &RaftMetrics<NodeId, BasicNode>| {
+        m.last_applied.map(|l| l.index) >= m.membership_config.log_id().map(|l| l.index)
+    };
+    let _ = timeout(FRESH_LEADER_WAIT, metrics.wait_for(applied)).await;
     let members = membership::settled(node)?;
     let (target, addr) = first_answering(node, candidates(node, &members, to)?).await?;
     wait_own_lease(node).await;
