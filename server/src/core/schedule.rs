@@ -129,6 +129,8 @@ pub enum ScheduleError {
     CronTooLong { len: usize },
     #[error("schedule.cron.expr: must contain only ASCII characters")]
     CronNotAscii,
+    #[error("schedule.cron.expr: must not contain control characters (fields are separated by spaces or tabs)")]
+    CronControlChar,
     #[error("schedule.cron.expr: expected 5, 6 or 7 fields, got {got}")]
     CronFieldCount { got: usize },
     #[error("schedule.cron.expr: unknown nickname \"{name}\" (expected @yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly)")]
@@ -468,6 +470,12 @@ fn check_text(expr: &str) -> Result<(), ScheduleError> {
     }
     if !expr.is_ascii() {
         return Err(ScheduleError::CronNotAscii);
+    }
+    // croner splits fields on every whitespace character, the checks here on
+    // ASCII whitespace, which leaves out \x0b: a vertical tab could hide an
+    // empty list item from the check below. Only spaces and tabs separate.
+    if expr.chars().any(|c| c.is_ascii_control() && c != '\t') {
+        return Err(ScheduleError::CronControlChar);
     }
     if expr.contains('+') {
         return Err(ScheduleError::CronPlusModifier);
@@ -810,6 +818,17 @@ mod tests {
         assert!(looks_like_quartz("0 15 10 1 * ? 2027"));
         assert!(!looks_like_quartz("15 10 * * 5"));
         assert!(!looks_like_quartz("0 15 10 * * 5"));
+    }
+
+    #[test]
+    fn a_vertical_tab_cannot_hide_an_empty_list_item() {
+        // Found by the cron fuzz target: croner splits on \x0b, which ASCII
+        // whitespace does not include, and then searched to the year 4999.
+        let expr = " \x0b5 \x0b\x0b,\x0b* * * *\x0b";
+        for s in [cron(expr, "UTC"), quartz(expr)] {
+            assert_eq!(err(&s), ScheduleError::CronControlChar.to_string());
+        }
+        assert!(cron("0\t9 * * *", "UTC").validate().is_ok());
     }
 
     #[test]
