@@ -14,6 +14,7 @@ pub mod membership;
 pub mod metrics;
 pub mod node;
 pub mod raft;
+pub mod runlog;
 pub mod store;
 pub mod tls;
 

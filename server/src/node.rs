@@ -408,6 +408,7 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
     while let Some(batch) = next_batch(&mut rx, &mut carry, limits::FINISH_BATCH_MAX, size).await {
         for h in &batch {
             node.metrics.dispatched(h.waited);
+            crate::runlog::dispatched(&h.run, h.attempt, &h.group, &h.worker, h.waited.as_millis());
         }
         let assignments = batch
             .into_iter()

@@ -33,6 +33,23 @@ pub enum Effect {
     Cancel { run: RunId, attempt: u32 },
     /// A restore finished: the leader rebuilds its wheel and queues from state.
     Restored,
+    /// A run reached a terminal state (succeeded, failed, timed out,
+    /// cancelled, or recorded skipped): the leader counts and logs it.
+    Finished(Finished),
+    /// An occurrence was due longer ago than its job's misfire grace and
+    /// was handled by `policy`: the leader counts it.
+    Misfired { group: String, policy: Misfire },
+}
+
+/// A run's terminal state as apply decided it, with who ran its last attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub run: RunId,
+    pub attempt: u32,
+    pub group: String,
+    /// Empty when no worker ran the attempt (skipped, cancelled while pending).
+    pub worker: String,
+    pub outcome: RunState,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -688,6 +705,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn fire_occurrence(&mut self, job: &mut Job, scheduled: i64) -> Result<(), CommandError> {
         let late_ms = self.now.saturating_sub(scheduled);
         let late = late_ms > i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
+        if late {
+            self.effects.push(Effect::Misfired {
+                group: job.group.clone(),
+                policy: job.policy.misfire,
+            });
+        }
         let next = match (late, job.policy.misfire) {
             (false, _) | (true, Misfire::FireAll) => {
                 let note = if late {
@@ -783,6 +806,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let id = RunId::new(&job.id, scheduled);
         if self.run_rec(&id).is_none() {
             let run = self.new_run(job, id, 1, RunState::Skipped, note);
+            self.finished(&run);
             self.save_run(&run);
             self.trim_history(job, 1);
             self.after_finish(job, false);
@@ -874,6 +898,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             run.state = RunState::Cancelled;
             run.finished_at_ms = self.now;
             run.note = why.to_string();
+            self.finished(&run);
             self.save_run(&run);
         }
         if job.active_runs > 0 {
@@ -1186,7 +1211,18 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         run.state = state;
         run.finished_at_ms = self.now;
         self.save_run(&run);
+        self.finished(&run);
         self.end_run(&run);
+    }
+
+    fn finished(&mut self, run: &Run) {
+        self.effects.push(Effect::Finished(Finished {
+            run: run.id.clone(),
+            attempt: run.attempt,
+            group: run.group.clone(),
+            worker: run.worker.clone(),
+            outcome: run.state,
+        }));
     }
 
     fn retry_run(&mut self, id: &RunId) -> Result<Run, CommandError> {

@@ -18,7 +18,7 @@ pub mod types;
 pub mod validate;
 pub mod view;
 
-pub use apply::{apply, Applied, Effect};
+pub use apply::{apply, Applied, Effect, Finished};
 pub use command::{Command, CommandError, FinishReport, Response, VersionedCommand};
 pub use types::*;
 pub use view::{MemView, Overlay, StateView, Write};

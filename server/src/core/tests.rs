@@ -72,6 +72,23 @@ fn ended(run: &RunId, attempt: u32) -> Effect {
     }
 }
 
+fn finished(run: &RunId, attempt: u32, worker: &str, outcome: RunState) -> Effect {
+    Effect::Finished(Finished {
+        run: run.clone(),
+        attempt,
+        group: "g".into(),
+        worker: worker.into(),
+        outcome,
+    })
+}
+
+fn misfired(policy: Misfire) -> Effect {
+    Effect::Misfired {
+        group: "g".into(),
+        policy,
+    }
+}
+
 fn trigger(id: &str, now_ms: i64) -> Command {
     Command::TriggerJob {
         id: id.into(),
@@ -348,6 +365,7 @@ fn misfire_fire_all_runs_first_missed_and_catches_up_in_order() {
     let first = sim.run(&rid("a", T0 + 1000));
     assert_eq!(first.state, RunState::Pending);
     assert!(first.note.contains("late by 5500 ms"), "{}", first.note);
+    assert_eq!(a.effects.first(), Some(&misfired(Misfire::FireAll)));
     assert_eq!(
         sim.occurrences("a"),
         vec![T0 + 2000],
@@ -359,6 +377,9 @@ fn misfire_fire_all_runs_first_missed_and_catches_up_in_order() {
         let a = sim.fire_due(T0 + 6500);
         assert_eq!(a.response, fired(1, 0));
         assert_eq!(sim.occurrences("a"), vec![T0 + at + 1000]);
+        let late = at < 6000;
+        let counted = a.effects.contains(&misfired(Misfire::FireAll));
+        assert_eq!(counted, late, "a misfire is counted only past the grace");
     }
     let scheduled: Vec<i64> = sim
         .runs_of("a")
@@ -378,6 +399,7 @@ fn misfire_fire_all_runs_first_missed_and_catches_up_in_order() {
 fn misfire_fire_once_coalesces_into_one_run_for_the_latest_due_occurrence() {
     let (sim, a) = late_fire(Misfire::FireOnce);
     assert_eq!(a.response, fired(1, 0));
+    assert_eq!(a.effects.first(), Some(&misfired(Misfire::FireOnce)));
     let runs = sim.runs_of("a");
     assert_eq!(runs.len(), 1);
     assert_eq!(
@@ -413,7 +435,15 @@ fn misfire_skip_skips_only_what_is_past_the_grace_window() {
         )
     );
     assert!(!a.effects.iter().any(|e| matches!(e, Effect::Ready { .. })));
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 6000))]);
+    let skipped = finished(&rid("a", T0 + 1000), 1, "", RunState::Skipped);
+    assert_eq!(
+        a.effects,
+        vec![
+            misfired(Misfire::Skip),
+            skipped,
+            Effect::Scheduled(occ("a", T0 + 6000))
+        ]
+    );
     assert_eq!(sim.job("a").active_runs, 0);
     assert_eq!(sim.occurrences("a"), vec![T0 + 6000]);
 
@@ -729,7 +759,8 @@ fn finish_success_ends_the_run_and_frees_the_job() {
     let a = sim.finish(now, report(&r, 1, true, 0));
 
     assert_eq!(a.response, Response::Batch(vec![Ok(())]));
-    assert_eq!(a.effects, vec![ended(&r, 1)]);
+    let succeeded = finished(&r, 1, "w1", RunState::Succeeded);
+    assert_eq!(a.effects, vec![succeeded, ended(&r, 1)]);
     let run = sim.run(&r);
     assert_eq!(
         (run.state, run.finished_at_ms, run.result),
@@ -789,8 +820,10 @@ fn retries_until(last: RunState, fail: fn(&mut Sim, &RunId, u32, i64) -> Applied
         now += 300;
     }
     let a = fail(&mut sim, &r, 3, now);
-    assert_eq!(a.effects, vec![ended(&r, 3)]);
     let run = sim.run(&r);
+    // The finish names its worker; an expired attempt never assigned has none.
+    let ended_as = finished(&r, 3, &run.worker, last);
+    assert_eq!(a.effects, vec![ended_as, ended(&r, 3)]);
     assert_eq!((run.state, run.attempt, run.finished_at_ms), (last, 3, now));
     assert_eq!(sim.job("a").active_runs, 0);
     assert!(sim.wheel().iter().all(|k| k.kind == EntryKind::Occurrence));
@@ -894,7 +927,11 @@ fn overlap_forbid_records_the_next_occurrence_skipped_while_a_run_is_active() {
     let skipped = sim.run(&rid("a", T0 + 2000));
     assert_eq!(skipped.state, RunState::Skipped);
     assert!(skipped.note.contains("overlap forbid"), "{}", skipped.note);
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 3000))]);
+    let recorded = finished(&skipped.id, 1, "", RunState::Skipped);
+    assert_eq!(
+        a.effects,
+        vec![recorded, Effect::Scheduled(occ("a", T0 + 3000))]
+    );
     assert_eq!(sim.active_runs("a").len(), 1);
     assert_eq!(sim.job("a").active_runs, 1);
 }
@@ -908,9 +945,11 @@ fn overlap_buffer_one_starts_the_held_occurrence_when_the_active_run_ends() {
 
     let a = sim.finish(T0 + 2500, report(&rid("a", T0 + 1000), 1, true, 0));
     let started = rid("a", T0 + 2000);
-    let first_ended = ended(&rid("a", T0 + 1000), 1);
+    let first = rid("a", T0 + 1000);
+    let first_ended = ended(&first, 1);
     let started_ready = ready(&started, 1, limits::DEFAULT_TIMEOUT_MS);
-    assert_eq!(a.effects, vec![first_ended, started_ready]);
+    let succeeded = finished(&first, 1, "w1", RunState::Succeeded);
+    assert_eq!(a.effects, vec![succeeded, first_ended, started_ready]);
     let run = sim.run(&started);
     assert_eq!((run.state, run.fired_at_ms), (RunState::Pending, T0 + 2500));
     assert!(run.note.contains("buffer-one"), "{}", run.note);
@@ -933,6 +972,7 @@ fn overlap_replace_cancels_the_active_run_and_starts_the_new_one() {
                 attempt: 1
             },
             ended(&old, 1),
+            finished(&old, 1, "", RunState::Cancelled),
             ready(&new, 1, limits::DEFAULT_TIMEOUT_MS),
             Effect::Scheduled(occ("a", T0 + 3000)),
         ]

@@ -6,6 +6,7 @@
 //! whole in memory.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
@@ -53,6 +54,9 @@ struct Inner {
     apply_lock: Mutex<()>,
     effects: broadcast::Sender<EffectBatch>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// Entries in the durable wheel index: counted once at open and after
+    /// a snapshot install, then kept in step by each applied batch.
+    pending_timers: AtomicU64,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -82,6 +86,7 @@ impl StateMachine {
             );
         }
         let (effects, _) = broadcast::channel(opts.effect_capacity);
+        let pending_timers = AtomicU64::new(count_wheel(&tree));
         let inner = Inner {
             db,
             tree,
@@ -89,6 +94,7 @@ impl StateMachine {
             apply_lock: Mutex::new(()),
             effects,
             metrics: opts.metrics,
+            pending_timers,
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -101,9 +107,37 @@ impl StateMachine {
     /// prepared from the same file (bootstrap compares their digests).
     pub fn apply_offline(&self, cmd: &core::Command) -> Result<Response, StoreError> {
         let applied = core::apply(&TreeView(&self.inner.tree), cmd);
-        self.inner.tree.apply(&applied.writes)?;
+        self.write_batch(&applied.writes)?;
         self.inner.db.flush()?;
         Ok(applied.response)
+    }
+
+    /// Timers in the durable wheel index (occurrences and retries).
+    pub fn pending_timers(&self) -> u64 {
+        self.inner.pending_timers.load(Ordering::Relaxed)
+    }
+
+    /// Writes one applied batch, keeping the wheel count in step: a put of
+    /// a wheel key not yet stored adds one, a delete of a stored one removes one.
+    fn write_batch(&self, writes: &[core::Write]) -> Result<(), sled::Error> {
+        let tree = &self.inner.tree;
+        let (mut added, mut removed) = (0u64, 0u64);
+        for w in writes {
+            match w {
+                core::Write::Put(k, _) if k.first() == Some(&keys::WHEEL) => {
+                    added += u64::from(!tree.contains_key(k)?);
+                }
+                core::Write::Delete(k) if k.first() == Some(&keys::WHEEL) => {
+                    removed += u64::from(tree.contains_key(k)?);
+                }
+                _ => {}
+            }
+        }
+        tree.apply(writes)?;
+        let n = &self.inner.pending_timers;
+        n.fetch_add(added, Ordering::Relaxed);
+        n.fetch_sub(removed.min(n.load(Ordering::Relaxed)), Ordering::Relaxed);
+        Ok(())
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<EffectBatch> {
@@ -315,10 +349,7 @@ impl StateMachine {
         if let Some(last) = last {
             overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
         }
-        self.inner
-            .tree
-            .apply(&overlay.into_writes())
-            .map_err(sm_err)?;
+        self.write_batch(&overlay.into_writes()).map_err(sm_err)?;
         if crash {
             crash_now("applied a joint configuration");
         }
@@ -400,6 +431,11 @@ fn record_tzdata(local: &sled::Tree) -> Result<Option<String>, StoreError> {
         local.insert(keys::META_TZDATA, now.as_bytes())?;
     }
     Ok(before.filter(|b| b != now))
+}
+
+/// Keys in the durable wheel index (one pass, at open and after an install).
+fn count_wheel(tree: &sled::Tree) -> u64 {
+    tree.scan_prefix([keys::WHEEL]).keys().count() as u64
 }
 
 /// Runs blocking file and tree work off the async workers.
@@ -610,7 +646,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         let _g = self.inner.apply_lock.lock().await;
         let (tree, path) = (self.inner.tree.clone(), self.inner.snapshot_path.clone());
-        blocking(move || install(&tree, &recv, &path)).await
+        let count = blocking(move || {
+            install(&tree, &recv, &path)?;
+            Ok(count_wheel(&tree))
+        })
+        .await?;
+        self.inner.pending_timers.store(count, Ordering::Relaxed);
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
