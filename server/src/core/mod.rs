@@ -12,6 +12,7 @@ pub mod keys;
 mod proptests;
 pub mod query;
 pub mod schedule;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 pub mod types;

@@ -2005,3 +2005,58 @@ fn a_log_entry_of_a_newer_format_is_refused_naming_both_versions() {
         .to_string()
         .contains("does not decode"));
 }
+
+// ------------------------------------------------------------------ statistics
+
+#[test]
+fn job_stats_count_the_kept_history_by_state_with_lateness_percentiles() {
+    let mut sim = sim_with(with_overlap(every("a", 1000), Overlap::Forbid));
+    // 1000 fires 200 ms late and succeeds; 2000 is skipped while it runs;
+    // 3000 fires on time and fails; 4000 is still pending.
+    sim.fire(T0 + 1200, vec![occ("a", T0 + 1000)]);
+    sim.fire(T0 + 2000, vec![occ("a", T0 + 2000)]);
+    sim.finish(T0 + 2500, report(&rid("a", T0 + 1000), 1, true, 0));
+    sim.fire(T0 + 3000, vec![occ("a", T0 + 3000)]);
+    let mut failure = report(&rid("a", T0 + 3000), 1, false, 0);
+    failure.retryable = false;
+    sim.finish(T0 + 3500, failure);
+    sim.fire(T0 + 4000, vec![occ("a", T0 + 4000)]);
+
+    let st = stats::job_stats(&sim.view, "a");
+    let counts = (
+        st.runs,
+        st.fired,
+        st.succeeded,
+        st.failed,
+        st.skipped,
+        st.active,
+    );
+    assert_eq!(counts, (4, 3, 1, 1, 1, 1));
+    assert_eq!((st.timed_out, st.cancelled), (0, 0));
+    let lateness = (st.lateness_runs, st.lateness_ms_p50, st.lateness_ms_p99);
+    assert_eq!(lateness, (3, 0, 200), "skipped runs have no lateness");
+    assert_eq!(st.oldest_scheduled_at_ms, Some(T0 + 1000));
+    let last = st.last_run.expect("a last run");
+    assert_eq!(
+        (last.id, last.state),
+        (rid("a", T0 + 4000), RunState::Pending)
+    );
+    assert_eq!(stats::job_stats(&sim.view, "b"), stats::JobStats::default());
+}
+
+#[test]
+fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
+    let mut sim = sim_with(every("a", 3_600_000));
+    let n = stats::PAGE_RUNS + 500;
+    for i in 0..n as i64 {
+        sim.exec(trigger("a", T0 + 1000 + i));
+    }
+    let st = stats::job_stats(&sim.view, "a");
+    assert_eq!(
+        (st.runs, st.fired, st.active),
+        (n as u64, n as u64, n as u64)
+    );
+    assert_eq!(st.lateness_runs as usize, stats::LATENESS_RUNS);
+    let last = st.last_run.expect("a last run");
+    assert_eq!(last.id, rid("a", T0 + 1000 + n as i64 - 1));
+}

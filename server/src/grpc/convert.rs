@@ -3,6 +3,7 @@
 use kairos_proto::v1 as pb;
 use tonic::Status;
 
+use crate::core::stats::JobStats;
 use crate::core::{
     limits, Fanout, Job, JobSpec, Misfire, Overlap, Policy, Route, Run, RunState, ScheduleInput,
 };
@@ -248,6 +249,25 @@ pub fn run_out(r: &Run) -> pb::Run {
 }
 
 /// Page size rule shared by every list call.
+pub fn job_stats_out(job: &str, st: &JobStats) -> pb::JobStatsResponse {
+    pb::JobStatsResponse {
+        job: job.to_string(),
+        runs: st.runs,
+        fired: st.fired,
+        succeeded: st.succeeded,
+        failed: st.failed,
+        timed_out: st.timed_out,
+        cancelled: st.cancelled,
+        skipped: st.skipped,
+        active: st.active,
+        lateness_runs: st.lateness_runs,
+        lateness_ms_p50: st.lateness_ms_p50,
+        lateness_ms_p99: st.lateness_ms_p99,
+        oldest_scheduled_at_ms: st.oldest_scheduled_at_ms.unwrap_or(0),
+        last_run: st.last_run.as_ref().map(run_out),
+    }
+}
+
 pub fn page_size(requested: u32) -> Result<usize, Status> {
     match requested as usize {
         0 => Ok(limits::PAGE_SIZE_DEFAULT),

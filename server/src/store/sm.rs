@@ -216,6 +216,11 @@ impl StateMachine {
         self.meta(&keys::run(id))
     }
 
+    /// Statistics over the job's kept run history (one pass over it).
+    pub fn job_stats(&self, job: &str) -> core::stats::JobStats {
+        core::stats::job_stats(&self.view(), job)
+    }
+
     /// Runs of `job` scheduled strictly after `after_ms`, in scheduled order.
     pub fn list_runs(&self, job: &str, after_ms: i64, limit: usize) -> Vec<Run> {
         if after_ms == i64::MAX {
