@@ -1,8 +1,8 @@
 //! `kairos-bench`: the load tool of Kairos. It starts a local 3-node
 //! cluster from the release binary (or uses `--endpoints`), drives it with
 //! real workers and clients over gRPC, and prints a table or JSON per
-//! scenario: `throughput`, `seed-10k`, `timers-1m`, `failover`, and `smoke`
-//! (all four, short, for CI). The exit status is non-zero when a scenario
+//! scenario: `throughput`, `seed-10k`, `timers-1m`, `failover`, `overload`,
+//! and `smoke` (all five, short, for CI). The exit status is non-zero when a scenario
 //! errs or finds a correctness violation (lost or doubled fires); missed
 //! performance targets are reported, not failed.
 
@@ -33,7 +33,10 @@ pub enum Scenario {
     Timers1m,
     /// SIGKILL the leader repeatedly under interval load: gap to the next fire, lost and doubled fires.
     Failover,
-    /// All four scenarios, short (for CI).
+    /// The saturating load (`--rate`), then 5x it for `--duration` (60 s): delivered fires/s,
+    /// elections, create answer times and refusals.
+    Overload,
+    /// All five scenarios, short (for CI).
     Smoke,
 }
 
@@ -74,7 +77,8 @@ pub struct Opts {
     /// Concurrent clients (connections) creating jobs.
     #[arg(long, default_value_t = 64)]
     pub clients: usize,
-    /// throughput: offered fires/s (jobs x 1000 / every-ms).
+    /// throughput: offered fires/s (jobs x 1000 / every-ms); overload: the saturating
+    /// load of its first phase (default 5000), 5x that in the second.
     #[arg(long)]
     pub rate: Option<u64>,
     /// Interval of the interval jobs in `throughput` (ms) and `failover` (ms).

@@ -88,6 +88,16 @@ fn render_metrics(node: &Node) -> String {
     for (peer, off) in node.clock.peer_offsets() {
         let _ = writeln!(s, "kairos_clock_skew_ms{{peer=\"{peer}\"}} {off}");
     }
+    let (writes, write_bytes) = node.admission.load();
+    let _ = writeln!(
+        s,
+        "# TYPE kairos_admitted_writes gauge\nkairos_admitted_writes {writes}\n\
+         # TYPE kairos_admitted_write_bytes gauge\nkairos_admitted_write_bytes {write_bytes}\n\
+         # TYPE kairos_refused_writes_total counter\nkairos_refused_writes_total {}\n\
+         # TYPE kairos_state_writes_total counter\nkairos_state_writes_total {}",
+        node.admission.refused_total(),
+        node.sm.writes_total()
+    );
     let _ = writeln!(s, "# TYPE kairos_queue_depth gauge\n# TYPE kairos_workers gauge\n# TYPE kairos_in_flight gauge");
     for (g, st) in node.dispatcher.stats() {
         let _ = writeln!(s, "kairos_queue_depth{{group=\"{g}\"}} {}", st.queued);

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
+use crate::admission::{self, Admission, Overloaded, Ticket};
 use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::{limits, Command, CommandError, FinishReport, Response};
 use crate::leader::dispatch::{Dispatcher, Handed};
@@ -54,6 +55,8 @@ pub struct Config {
     /// Most ready attempts the leader queues in memory per worker group;
     /// the rest wait in the replicated active-runs table and are paged in.
     pub queue_max: usize,
+    /// When the leader refuses client writes (`RESOURCE_EXHAUSTED`).
+    pub admission: admission::Bounds,
 }
 
 impl Config {
@@ -84,6 +87,7 @@ impl Config {
             auth_token: None,
             join: Vec::new(),
             queue_max: crate::leader::dispatch::QUEUE_MAX,
+            admission: admission::Bounds::default(),
         }
     }
 
@@ -118,6 +122,7 @@ impl Config {
             crate::leader::dispatch::QUEUE_MAX,
             self.queue_max
         );
+        self.admission.validate().map_err(anyhow::Error::msg)?;
         Ok(())
     }
 
@@ -149,10 +154,23 @@ pub enum ProposeError {
     Timeout,
     #[error("raft: {0}")]
     Raft(String),
+    /// Refused by admission control before it was proposed: nothing was written.
+    #[error(transparent)]
+    Overloaded(#[from] Overloaded),
 }
 
 type FinishItem = (FinishReport, oneshot::Sender<Result<(), CommandError>>);
-type ProposalItem = (Command, oneshot::Sender<Result<Response, ProposeError>>);
+/// An admitted client command waiting for its batch.
+struct ProposalItem {
+    cmd: Command,
+    /// Its encoded size.
+    bytes: usize,
+    /// When it was admitted, on the monotonic clock.
+    queued_ms: i64,
+    tx: oneshot::Sender<Result<Response, ProposeError>>,
+    /// Holds the command's share of the admission load until it is answered.
+    ticket: Ticket,
+}
 /// Client-command batches in flight at once; while they are, new commands
 /// queue up and go out together in the next entry (group commit).
 const PROPOSALS_IN_FLIGHT: usize = 4;
@@ -172,6 +190,7 @@ pub struct Node {
     assign_tx: mpsc::Sender<Handed>,
     finish_tx: mpsc::Sender<FinishItem>,
     proposal_tx: mpsc::Sender<ProposalItem>,
+    pub admission: Arc<Admission>,
     /// Cached channels: to peer listeners by (Some(id), addr), to public ones by (None, addr).
     channels: Mutex<HashMap<(Option<NodeId>, String), Channel>>,
     pub dialer: Dialer,
@@ -199,12 +218,31 @@ impl Node {
     }
 
     /// Proposes a client command, grouped with others that arrive meanwhile
-    /// into one log entry.
+    /// into one log entry, if admission control lets it in (else it is
+    /// refused at once with [`ProposeError::Overloaded`]).
     pub async fn propose_grouped(&self, cmd: Command) -> Result<Response, ProposeError> {
+        let bytes = crate::core::codec::encoded_len(&cmd);
+        let ticket = self.admission.admit(bytes, self.apply_backlog())?;
         let (tx, rx) = oneshot::channel();
+        let item = ProposalItem {
+            cmd,
+            bytes,
+            queued_ms: self.clock.mono_ms(),
+            tx,
+            ticket,
+        };
+        // The queue holds as many commands as admission lets in flight.
         let busy = || ProposeError::Raft("proposal queue full; retry".into());
-        self.proposal_tx.try_send((cmd, tx)).map_err(|_| busy())?;
+        self.proposal_tx.try_send(item).map_err(|_| busy())?;
         rx.await.map_err(|_| ProposeError::Timeout)?
+    }
+
+    /// Log entries this node has appended and not yet applied.
+    pub fn apply_backlog(&self) -> u64 {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        m.last_log_index.unwrap_or(0).saturating_sub(applied)
     }
 
     /// The leader this node knows of, with its public address (None until
@@ -470,27 +508,36 @@ async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
 }
 
 async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
-    // A command's encoded size: exact, and cheap next to replicating it.
-    let size = |item: &ProposalItem| crate::core::codec::encode(&item.0).len();
+    let size = |item: &ProposalItem| item.bytes;
     in_batches(rx, limits::PROPOSAL_BATCH_MAX, size, |batch| {
+        // Commands that waited past the bound are refused, unproposed.
+        let now_ms = node.clock.mono_ms();
+        let mut fresh = Vec::with_capacity(batch.len());
+        for item in batch {
+            match node.admission.expire(item.queued_ms, now_ms) {
+                Ok(()) => fresh.push(item),
+                Err(e) => drop(item.tx.send(Err(e.into()))),
+            }
+        }
         let node = node.clone();
-        async move { propose_batch(&node, batch).await }
+        async move { propose_batch(&node, fresh).await }
     })
     .await
 }
 
 async fn propose_batch(node: &Node, mut batch: Vec<ProposalItem>) {
-    if batch.len() == 1 {
-        if let Some((cmd, tx)) = batch.pop() {
-            let _ = tx.send(node.propose(cmd).await);
+    if batch.len() <= 1 {
+        if let Some(item) = batch.pop() {
+            let _ = item.tx.send(node.propose(item.cmd).await);
         }
         return;
     }
-    let (commands, waiters): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
+    let (commands, waiters): (Vec<Command>, Vec<_>) =
+        batch.into_iter().map(|i| (i.cmd, (i.tx, i.ticket))).unzip();
     let n = commands.len();
     match node.propose(Command::Batch { commands }).await {
         Ok(Response::Many(rs)) if rs.len() == n => {
-            for (tx, r) in waiters.into_iter().zip(rs) {
+            for ((tx, _ticket), r) in waiters.into_iter().zip(rs) {
                 let _ = tx.send(Ok(r));
             }
         }
@@ -498,11 +545,11 @@ async fn propose_batch(node: &Node, mut batch: Vec<ProposalItem>) {
             let e = ProposeError::Raft(format!("batch answered {other:?}"));
             waiters
                 .into_iter()
-                .for_each(|tx| drop(tx.send(Err(e.clone()))));
+                .for_each(|(tx, _ticket)| drop(tx.send(Err(e.clone()))));
         }
         Err(e) => waiters
             .into_iter()
-            .for_each(|tx| drop(tx.send(Err(e.clone())))),
+            .for_each(|(tx, _ticket)| drop(tx.send(Err(e.clone())))),
     }
 }
 
@@ -655,7 +702,7 @@ pub async fn run(
     .await?;
     let (assign_tx, assign_rx) = mpsc::channel(BATCH_QUEUE);
     let (finish_tx, finish_rx) = mpsc::channel(BATCH_QUEUE);
-    let (proposal_tx, proposal_rx) = mpsc::channel(BATCH_QUEUE);
+    let (proposal_tx, proposal_rx) = mpsc::channel(config.admission.max_commands);
     let node = Arc::new(Node {
         id: config.id,
         addr: config.advertise.clone(),
@@ -668,6 +715,7 @@ pub async fn run(
         assign_tx,
         finish_tx,
         proposal_tx,
+        admission: Admission::new(config.admission),
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),

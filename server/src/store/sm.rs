@@ -6,6 +6,7 @@
 //! whole in memory.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
@@ -49,6 +50,8 @@ struct Inner {
     snapshot_path: PathBuf,
     apply_lock: Mutex<()>,
     effects: broadcast::Sender<EffectBatch>,
+    /// State keys written or deleted by apply since open (for benchmarks).
+    writes_total: std::sync::atomic::AtomicU64,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -100,6 +103,7 @@ impl StateMachine {
             snapshot_path,
             apply_lock: Mutex::new(()),
             effects,
+            writes_total: Default::default(),
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -302,11 +306,15 @@ impl StateMachine {
         if let Some(last) = last {
             overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
         }
-        self.inner
-            .tree
-            .apply(&overlay.into_writes())
-            .map_err(sm_err)?;
+        let writes = overlay.into_writes();
+        (self.inner.writes_total).fetch_add(writes.len() as u64, Ordering::Relaxed);
+        self.inner.tree.apply(&writes).map_err(sm_err)?;
         Ok((responses, effects))
+    }
+
+    /// State keys written or deleted by apply since this node started.
+    pub fn writes_total(&self) -> u64 {
+        self.inner.writes_total.load(Ordering::Relaxed)
     }
 }
 
