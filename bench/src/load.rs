@@ -158,6 +158,8 @@ pub struct Attempts {
     /// `RESOURCE_EXHAUSTED` answers (admission refusals).
     pub refused: AtomicU64,
     pub other: AtomicU64,
+    /// How many attempts ended with each other code.
+    other_codes: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Attempts {
@@ -167,7 +169,11 @@ impl Attempts {
             let counter = match code {
                 Code::Ok => &me.ok,
                 Code::ResourceExhausted => &me.refused,
-                _ => &me.other,
+                other => {
+                    let mut m = me.other_codes.lock().unwrap_or_else(|e| e.into_inner());
+                    *m.entry(format!("{other:?}")).or_default() += 1;
+                    &me.other
+                }
             };
             counter.fetch_add(1, Ordering::Relaxed);
             let mut v = me.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
@@ -175,6 +181,13 @@ impl Attempts {
                 v.push(took.as_millis() as i64);
             }
         })
+    }
+
+    /// The other codes, as `Code:count, ...`.
+    pub fn other_codes(&self) -> String {
+        let m = self.other_codes.lock().unwrap_or_else(|e| e.into_inner());
+        let parts: Vec<String> = m.iter().map(|(c, n)| format!("{c}:{n}")).collect();
+        parts.join(", ")
     }
 
     /// Answer times recorded so far, in ms.

@@ -8,16 +8,21 @@
 //! never waits behind a queue that stopped moving. Fires, assignments,
 //! finishes and expiries never come here: they are committed work already.
 //!
-//! The decisions ([`Bounds::check`], [`Bounds::check_wait`]) are pure
-//! functions of the load and times passed in; [`Admission`] holds the
+//! The retry-after hint ([`Hint`]) adapts to the refusals against the
+//! admissions, so refused clients come back about as fast as writes fit.
+//! The decisions ([`Bounds::check`], [`Bounds::check_wait`], [`Hint`]) are
+//! pure functions of the load and times passed in; [`Admission`] holds the
 //! counters, and a [`Ticket`] gives its share back when dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Shortest and longest retry-after hint.
+/// Shortest and longest retry-after hint, and where it starts.
 pub const RETRY_AFTER_MIN_MS: u64 = 50;
-pub const RETRY_AFTER_MAX_MS: u64 = 2_000;
+pub const RETRY_AFTER_MAX_MS: u64 = 5_000;
+pub const RETRY_AFTER_START_MS: u64 = 200;
+/// How often the hint is adapted to the refusals and admissions since.
+pub const HINT_WINDOW_MS: i64 = 250;
 /// Most client commands the bounds may allow in flight (the queue's capacity).
 pub const COMMANDS_LIMIT: usize = 65_536;
 
@@ -53,13 +58,19 @@ pub struct Load {
     pub backlog: u64,
 }
 
-/// A refused write: which bound, how far past it, and when to try again.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("leader overloaded ({what} {have}, bound {max}); nothing was written; retry after {retry_after_ms} ms")]
-pub struct Overloaded {
+/// Which bound a write would pass, and by how much.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
     pub what: &'static str,
     pub have: u64,
     pub max: u64,
+}
+
+/// A refused write: the refusal and when to try again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("leader overloaded ({} {}, bound {}); nothing was written; retry after {retry_after_ms} ms", .refusal.what, .refusal.have, .refusal.max)]
+pub struct Overloaded {
+    pub refusal: Refusal,
     pub retry_after_ms: u64,
 }
 
@@ -100,43 +111,91 @@ impl Bounds {
 
     /// Whether one more command of `bytes` may join `load`. A command alone
     /// is admitted whatever its size (its size is bounded by the message cap).
-    pub fn check(&self, load: Load, bytes: usize) -> Result<(), Overloaded> {
+    pub fn check(&self, load: Load, bytes: usize) -> Result<(), Refusal> {
+        let refusal = |what, have, max: u64| Err(Refusal { what, have, max });
         let commands = load.commands as u64 + 1;
         if commands > self.max_commands as u64 {
-            return Err(self.refusal("client writes in flight", commands, self.max_commands));
+            return refusal(
+                "client writes in flight",
+                commands,
+                self.max_commands as u64,
+            );
         }
         let total = load.bytes.saturating_add(bytes) as u64;
         if load.commands > 0 && total > self.max_bytes as u64 {
-            return Err(self.refusal("bytes of client writes in flight", total, self.max_bytes));
+            return refusal(
+                "bytes of client writes in flight",
+                total,
+                self.max_bytes as u64,
+            );
         }
         if load.backlog > self.max_backlog {
-            let max = self.max_backlog as usize;
-            return Err(self.refusal("log entries not yet applied", load.backlog, max));
+            return refusal(
+                "log entries not yet applied",
+                load.backlog,
+                self.max_backlog,
+            );
         }
         Ok(())
     }
 
     /// Whether a command queued at `queued_ms` may still be proposed at
     /// `now_ms` (both on the monotonic clock).
-    pub fn check_wait(&self, queued_ms: i64, now_ms: i64) -> Result<(), Overloaded> {
+    pub fn check_wait(&self, queued_ms: i64, now_ms: i64) -> Result<(), Refusal> {
         let waited = now_ms.saturating_sub(queued_ms).max(0) as u64;
-        if waited > self.max_wait_ms {
-            let max = self.max_wait_ms as usize;
-            return Err(self.refusal("ms queued before proposing", waited, max));
+        match waited > self.max_wait_ms {
+            true => Err(Refusal {
+                what: "ms queued before proposing",
+                have: waited,
+                max: self.max_wait_ms,
+            }),
+            false => Ok(()),
         }
-        Ok(())
+    }
+}
+
+/// The retry-after hint, adapted every `HINT_WINDOW_MS` so that refused
+/// clients come back at about the rate writes are admitted: clients told
+/// to wait `ms` return at about `refused / window`, and `admitted / window`
+/// is what fits, so the hint is scaled by refused / admitted (at most
+/// halved or doubled per window, within its range). A window without a
+/// refusal halves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hint {
+    pub ms: u64,
+    window_start_ms: i64,
+    admitted: u64,
+    refused: u64,
+}
+
+impl Hint {
+    pub fn new(now_ms: i64) -> Self {
+        Hint {
+            ms: RETRY_AFTER_START_MS,
+            window_start_ms: now_ms,
+            admitted: 0,
+            refused: 0,
+        }
     }
 
-    /// Half the queue-wait bound (a full queue drains within about that),
-    /// scaled by how far past its bound the load is.
-    fn refusal(&self, what: &'static str, have: u64, max: usize) -> Overloaded {
-        let max = max.max(1) as u64;
-        let scaled = (self.max_wait_ms / 2).saturating_mul(have) / max;
-        Overloaded {
-            what,
-            have,
-            max,
-            retry_after_ms: scaled.clamp(RETRY_AFTER_MIN_MS, RETRY_AFTER_MAX_MS),
+    /// Counts one decision at `now_ms`, adapting first if windows ended.
+    pub fn record(&mut self, now_ms: i64, admitted: bool) {
+        let windows = (now_ms - self.window_start_ms) / HINT_WINDOW_MS;
+        if windows > 0 {
+            let (r, a) = (self.refused as u128, self.admitted.max(1) as u128);
+            let scaled = (self.ms as u128 * r / a) as u64;
+            self.ms = scaled.clamp(self.ms / 2, self.ms * 2);
+            // Windows with no decision at all had no refusal either.
+            for _ in 1..windows.min(16) {
+                self.ms /= 2;
+            }
+            self.ms = self.ms.clamp(RETRY_AFTER_MIN_MS, RETRY_AFTER_MAX_MS);
+            self.window_start_ms = now_ms;
+            (self.admitted, self.refused) = (0, 0);
+        }
+        match admitted {
+            true => self.admitted += 1,
+            false => self.refused += 1,
         }
     }
 }
@@ -144,8 +203,14 @@ impl Bounds {
 /// The leader's admission counters.
 pub struct Admission {
     pub bounds: Bounds,
-    load: Mutex<(usize, usize)>,
+    state: Mutex<State>,
     refused: AtomicU64,
+}
+
+struct State {
+    commands: usize,
+    bytes: usize,
+    hint: Hint,
 }
 
 /// One admitted command's share of the load, given back when dropped
@@ -156,45 +221,89 @@ pub struct Ticket {
 }
 
 impl Admission {
-    pub fn new(bounds: Bounds) -> Arc<Self> {
+    pub fn new(bounds: Bounds, now_ms: i64) -> Arc<Self> {
         Arc::new(Admission {
             bounds,
-            load: Mutex::new((0, 0)),
+            state: Mutex::new(State {
+                commands: 0,
+                bytes: 0,
+                hint: Hint::new(now_ms),
+            }),
             refused: AtomicU64::new(0),
         })
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Admits a command of `bytes` while `backlog` entries wait to be applied.
-    pub fn admit(self: &Arc<Self>, bytes: usize, backlog: u64) -> Result<Ticket, Overloaded> {
-        let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Load {
-            commands: load.0,
-            bytes: load.1,
+    pub fn admit(
+        self: &Arc<Self>,
+        bytes: usize,
+        backlog: u64,
+        now_ms: i64,
+    ) -> Result<Ticket, Overloaded> {
+        let mut st = self.state();
+        let load = Load {
+            commands: st.commands,
+            bytes: st.bytes,
             backlog,
         };
-        if let Err(e) = self.bounds.check(now, bytes) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(e);
-        }
-        *load = (load.0 + 1, load.1.saturating_add(bytes));
+        let res = self.bounds.check(load, bytes);
+        self.decide(&mut st, res, now_ms)?;
+        (st.commands, st.bytes) = (st.commands + 1, st.bytes.saturating_add(bytes));
         Ok(Ticket {
             admission: self.clone(),
             bytes,
         })
     }
 
+    /// Refuses a write at once, before any work on it, if even a small
+    /// command would be refused now. Admits nothing.
+    pub fn precheck(&self, backlog: u64, now_ms: i64) -> Result<(), Overloaded> {
+        let mut st = self.state();
+        let load = Load {
+            commands: st.commands,
+            bytes: st.bytes,
+            backlog,
+        };
+        match self.bounds.check(load, 0) {
+            Ok(()) => Ok(()),
+            refused => self.decide(&mut st, refused, now_ms),
+        }
+    }
+
     /// Refuses an admitted command that waited too long (its ticket goes with it).
     pub fn expire(&self, queued_ms: i64, now_ms: i64) -> Result<(), Overloaded> {
         let res = self.bounds.check_wait(queued_ms, now_ms);
-        if res.is_err() {
-            self.refused.fetch_add(1, Ordering::Relaxed);
+        match res {
+            Ok(()) => Ok(()),
+            refused => self.decide(&mut self.state(), refused, now_ms),
         }
-        res
+    }
+
+    /// Records the decision in the hint; a refusal carries the hint.
+    fn decide(
+        &self,
+        st: &mut State,
+        res: Result<(), Refusal>,
+        now_ms: i64,
+    ) -> Result<(), Overloaded> {
+        st.hint.record(now_ms, res.is_ok());
+        res.map_err(|refusal| {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            Overloaded {
+                refusal,
+                retry_after_ms: st.hint.ms,
+            }
+        })
     }
 
     /// Client commands and their bytes in flight now.
     pub fn load(&self) -> (usize, usize) {
-        *self.load.lock().unwrap_or_else(|e| e.into_inner())
+        let st = self.state();
+        (st.commands, st.bytes)
     }
 
     /// Client writes refused since start.
@@ -205,8 +314,9 @@ impl Admission {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut load = (self.admission.load.lock()).unwrap_or_else(|e| e.into_inner());
-        *load = (load.0.saturating_sub(1), load.1.saturating_sub(self.bytes));
+        let mut st = self.admission.state();
+        st.commands = st.commands.saturating_sub(1);
+        st.bytes = st.bytes.saturating_sub(self.bytes);
     }
 }
 
@@ -231,19 +341,20 @@ mod tests {
         }
     }
 
+    fn refused(what: &'static str, have: u64, max: u64) -> Result<(), Refusal> {
+        Err(Refusal { what, have, max })
+    }
+
     #[test]
     fn each_bound_refuses_past_it_and_names_itself() {
         let b = bounds();
         assert_eq!(b.check(load(2, 900, 10), 100), Ok(()));
-        let e = b.check(load(3, 0, 0), 1).unwrap_err();
-        assert_eq!((e.what, e.have, e.max), ("client writes in flight", 4, 3));
-        let e = b.check(load(1, 900, 0), 101).unwrap_err();
-        assert_eq!(e.what, "bytes of client writes in flight");
-        assert_eq!((e.have, e.max), (1001, 1000));
-        let e = b.check(load(0, 0, 11), 1).unwrap_err();
-        assert_eq!(e.what, "log entries not yet applied");
-        assert!(e.to_string().contains("retry after"), "{e}");
-        assert!(e.to_string().contains("nothing was written"), "{e}");
+        let writes = "client writes in flight";
+        assert_eq!(b.check(load(3, 0, 0), 1), refused(writes, 4, 3));
+        let bytes = "bytes of client writes in flight";
+        assert_eq!(b.check(load(1, 900, 0), 101), refused(bytes, 1001, 1000));
+        let backlog = "log entries not yet applied";
+        assert_eq!(b.check(load(0, 0, 11), 1), refused(backlog, 11, 10));
     }
 
     #[test]
@@ -253,48 +364,84 @@ mod tests {
     }
 
     #[test]
-    fn the_hint_grows_with_the_overload_within_its_range() {
-        let b = bounds();
-        let hint = |backlog| b.check(load(0, 0, backlog), 1).unwrap_err().retry_after_ms;
-        // 200 ms (half the wait bound) x 11/10, then x 50/10, then capped.
-        assert_eq!(hint(11), 220);
-        assert_eq!(hint(50), 1000);
-        assert_eq!(hint(10_000), RETRY_AFTER_MAX_MS);
-        let tiny = Bounds {
-            max_wait_ms: 10,
-            ..b
-        };
-        let e = tiny.check(load(0, 0, 11), 1).unwrap_err();
-        assert_eq!(e.retry_after_ms, RETRY_AFTER_MIN_MS);
-    }
-
-    #[test]
     fn a_command_queued_too_long_is_refused() {
         let b = bounds();
         assert_eq!(b.check_wait(1_000, 1_400), Ok(()));
-        let e = b.check_wait(1_000, 1_401).unwrap_err();
-        assert_eq!((e.have, e.max), (401, 400));
+        let waited = "ms queued before proposing";
+        assert_eq!(b.check_wait(1_000, 1_401), refused(waited, 401, 400));
         // A clock read out of order never refuses.
         assert_eq!(b.check_wait(1_000, 900), Ok(()));
     }
 
+    /// One window of `refused` refusals and `admitted` admissions, then
+    /// the hint the next window starts with.
+    fn after_window(h: &mut Hint, t: &mut i64, refused: u64, admitted: u64) -> u64 {
+        (0..refused).for_each(|_| h.record(*t, false));
+        (0..admitted).for_each(|_| h.record(*t, true));
+        *t += HINT_WINDOW_MS;
+        h.record(*t, true);
+        h.ms
+    }
+
     #[test]
-    fn tickets_hold_their_share_until_dropped() {
-        let a = Admission::new(bounds());
-        let t1 = a.admit(300, 0).unwrap();
-        let t2 = a.admit(300, 0).unwrap();
-        let t3 = a.admit(300, 0).unwrap();
+    fn the_hint_follows_refusals_against_admissions_within_its_range() {
+        let (mut h, mut t) = (Hint::new(0), 0);
+        assert_eq!(h.ms, RETRY_AFTER_START_MS);
+        // Ten refused for each admitted: at most doubled per window, up to the max.
+        assert_eq!(after_window(&mut h, &mut t, 1000, 100), 400);
+        assert_eq!(after_window(&mut h, &mut t, 1000, 100), 800);
+        for _ in 0..10 {
+            after_window(&mut h, &mut t, 1000, 100);
+        }
+        assert_eq!(h.ms, RETRY_AFTER_MAX_MS);
+        // (Each window also counts the admission that closed the one before.)
+        // As many come back as fit: the hint holds.
+        assert_eq!(after_window(&mut h, &mut t, 101, 100), RETRY_AFTER_MAX_MS);
+        // 3 refused per 4 admitted: scaled by 3/4.
+        assert_eq!(after_window(&mut h, &mut t, 300, 399), 3750);
+        // No refusal: halved per window, down to the min.
+        assert_eq!(after_window(&mut h, &mut t, 0, 50), 1875);
+        for _ in 0..10 {
+            after_window(&mut h, &mut t, 0, 50);
+        }
+        assert_eq!(h.ms, RETRY_AFTER_MIN_MS);
+    }
+
+    #[test]
+    fn quiet_windows_halve_the_hint_each() {
+        let (mut h, mut t) = (Hint::new(0), 0);
+        after_window(&mut h, &mut t, 1000, 1);
+        after_window(&mut h, &mut t, 1000, 1);
+        assert_eq!(h.ms, 800);
+        // Three windows pass without a decision: one adapt (no refusal
+        // since) and two quiet windows.
+        h.record(t + 3 * HINT_WINDOW_MS, false);
+        assert_eq!(h.ms, 100);
+    }
+
+    #[test]
+    fn tickets_hold_their_share_until_dropped_and_refusals_carry_the_hint() {
+        let a = Admission::new(bounds(), 0);
+        let t1 = a.admit(300, 0, 0).unwrap();
+        let t2 = a.admit(300, 0, 0).unwrap();
+        let t3 = a.admit(300, 0, 0).unwrap();
         assert_eq!(a.load(), (3, 900));
-        assert!(a.admit(1, 0).is_err());
+        let e = a.admit(1, 0, 0).err().unwrap();
+        assert_eq!(e.retry_after_ms, RETRY_AFTER_START_MS);
+        assert!(e.to_string().contains("retry after 200 ms"), "{e}");
+        assert!(e.to_string().contains("nothing was written"), "{e}");
+        assert!(a.precheck(0, 0).is_err(), "full");
         drop(t2);
         assert_eq!(a.load(), (2, 600));
-        assert!(a.admit(401, 0).is_err(), "1001 bytes in flight");
-        let t4 = a.admit(400, 0).unwrap();
-        assert_eq!(a.refused_total(), 2);
+        assert_eq!(a.precheck(0, 0), Ok(()));
+        assert!(a.precheck(11, 0).is_err(), "backlog");
+        assert!(a.admit(401, 0, 0).is_err(), "1001 bytes in flight");
+        let t4 = a.admit(400, 0, 0).unwrap();
+        assert_eq!(a.refused_total(), 4);
         drop((t1, t3, t4));
         assert_eq!(a.load(), (0, 0));
         assert!(a.expire(0, 401).is_err());
-        assert_eq!(a.refused_total(), 3);
+        assert_eq!(a.refused_total(), 5);
     }
 
     #[test]

@@ -222,19 +222,32 @@ impl Node {
     /// refused at once with [`ProposeError::Overloaded`]).
     pub async fn propose_grouped(&self, cmd: Command) -> Result<Response, ProposeError> {
         let bytes = crate::core::codec::encoded_len(&cmd);
-        let ticket = self.admission.admit(bytes, self.apply_backlog())?;
+        let now_ms = self.clock.mono_ms();
+        let ticket = (self.admission).admit(bytes, self.apply_backlog(), now_ms)?;
         let (tx, rx) = oneshot::channel();
         let item = ProposalItem {
             cmd,
             bytes,
-            queued_ms: self.clock.mono_ms(),
+            queued_ms: now_ms,
             tx,
             ticket,
         };
         // The queue holds as many commands as admission lets in flight.
         let busy = || ProposeError::Raft("proposal queue full; retry".into());
         self.proposal_tx.try_send(item).map_err(|_| busy())?;
-        rx.await.map_err(|_| ProposeError::Timeout)?
+        let res = rx.await.map_err(|_| ProposeError::Timeout)?;
+        res.map_err(|e| self.with_public_hint(e))
+    }
+
+    /// openraft names the new leader by its membership (peer) address;
+    /// clients need its public one, or no hint rather than a wrong one.
+    fn with_public_hint(&self, e: ProposeError) -> ProposeError {
+        match e {
+            ProposeError::NotLeader { leader } => ProposeError::NotLeader {
+                leader: leader.and_then(|(id, _)| Some((id, self.api_addr(id)?))),
+            },
+            other => other,
+        }
     }
 
     /// Log entries this node has appended and not yet applied.
@@ -693,9 +706,7 @@ pub async fn run(
     let raft = Raft::new(
         config.id,
         raft_config,
-        network::Network {
-            dialer: dialer.clone(),
-        },
+        network::Network::new(dialer.clone()),
         log.clone(),
         sm.clone(),
     )
@@ -715,7 +726,7 @@ pub async fn run(
         assign_tx,
         finish_tx,
         proposal_tx,
-        admission: Admission::new(config.admission),
+        admission: Admission::new(config.admission, config.clock.mono_ms()),
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),

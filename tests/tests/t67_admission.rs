@@ -6,12 +6,13 @@
 //! the refused creates succeed.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use futures::future::join_all;
 use kairos_client::pb::{self, jobs_client::JobsClient};
 use kairos_client::RETRY_AFTER_HEADER;
 use kairos_server::admission::{RETRY_AFTER_MAX_MS, RETRY_AFTER_MIN_MS};
-use kairos_tests::{create, every_job, Cluster};
+use kairos_tests::{create, every_job, wait_for, Cluster};
 use tonic::Code;
 
 const FLOOD: usize = 300;
@@ -101,6 +102,19 @@ async fn a_flood_past_the_bound_is_refused_with_a_hint_and_nothing_else_changes(
     let leader = cluster.wait_leader().await;
     let before = leader_term(&cluster).await;
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    // The follower forwards once it has learned the leader's public address.
+    let via_follower = cluster.client_of(follower);
+    wait_for("the follower to forward", Duration::from_secs(30), || async {
+        let req = pb::JobRef { id: "none".into() };
+        let got = via_follower
+            .jobs(|mut j| {
+                let r = req.clone();
+                async move { j.get_job(r).await }
+            })
+            .await;
+        (got.map(drop).unwrap_err().code() == Code::NotFound).then_some(())
+    })
+    .await;
 
     let mut answers = flood(&cluster.node(leader).addr, "direct").await;
     answers.extend(flood(&cluster.node(follower).addr, "forwarded").await);
