@@ -1,7 +1,8 @@
 //! Admission control for client writes on the leader. A write is admitted
 //! only while the work already accepted stays within [`Bounds`]: client
 //! commands admitted and not yet answered (count and encoded bytes), and
-//! log entries the leader has appended but not yet applied. Past a bound the
+//! log entries the leader has appended but not yet applied (count, and the
+//! time they take to apply at the rate it applies). Past a bound the
 //! write is refused at once with a retry-after hint, before anything is
 //! proposed, so a refusal changes nothing. An admitted command still queued
 //! after `max_wait_ms` is refused the same way, unproposed, so an answer
@@ -35,6 +36,9 @@ pub struct Bounds {
     pub max_bytes: usize,
     /// Log entries appended on the leader and not yet applied there.
     pub max_backlog: u64,
+    /// How long applying those may take, at the rate the leader applies
+    /// while it has a backlog ([`Drain`]).
+    pub max_backlog_ms: u64,
     /// Longest an admitted command waits in the queue before it is proposed.
     pub max_wait_ms: u64,
 }
@@ -45,7 +49,8 @@ impl Default for Bounds {
             max_commands: 2_048,
             max_bytes: 16 << 20,
             max_backlog: 64,
-            max_wait_ms: 500,
+            max_backlog_ms: 500,
+            max_wait_ms: 250,
         }
     }
 }
@@ -56,6 +61,8 @@ pub struct Load {
     pub commands: usize,
     pub bytes: usize,
     pub backlog: u64,
+    /// Estimated time to apply the backlog.
+    pub backlog_ms: u64,
 }
 
 /// Which bound a write would pass, and by how much.
@@ -102,6 +109,12 @@ impl Bounds {
             self.max_backlog,
         )?;
         in_range(
+            (1..=60_000).contains(&self.max_backlog_ms),
+            "admit-max-backlog-ms",
+            "1 and 60000",
+            self.max_backlog_ms,
+        )?;
+        in_range(
             (1..=60_000).contains(&self.max_wait_ms),
             "admit-max-wait-ms",
             "1 and 60000",
@@ -130,11 +143,12 @@ impl Bounds {
             );
         }
         if load.backlog > self.max_backlog {
-            return refusal(
-                "log entries not yet applied",
-                load.backlog,
-                self.max_backlog,
-            );
+            let max = self.max_backlog;
+            return refusal("log entries not yet applied", load.backlog, max);
+        }
+        if load.backlog_ms > self.max_backlog_ms {
+            let (what, max) = ("ms to apply the log not yet applied", self.max_backlog_ms);
+            return refusal(what, load.backlog_ms, max);
         }
         Ok(())
     }
@@ -200,6 +214,40 @@ impl Hint {
     }
 }
 
+/// How fast this node applies log entries while it has a backlog, and so
+/// how long its current backlog takes to apply. Fed a reading of the
+/// applied index and the backlog every `DRAIN_SAMPLE_MS`; the rate is an
+/// average over readings taken while busy (an idle node says nothing about
+/// its speed), so the first write after a quiet spell is not refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Drain {
+    last: Option<(i64, u64, u64)>,
+    per_s: Option<f64>,
+    /// Estimated milliseconds to apply the backlog of the last reading.
+    pub ms: u64,
+}
+
+/// How often the apply rate is read.
+pub const DRAIN_SAMPLE_MS: u64 = 100;
+
+impl Drain {
+    /// A reading at `now_ms` of the applied index and the backlog.
+    pub fn observe(&mut self, now_ms: i64, applied: u64, backlog: u64) {
+        if let Some((t, a, b)) = self.last {
+            let dt = now_ms - t;
+            if dt > 0 && b > 0 {
+                let rate = applied.saturating_sub(a) as f64 * 1000.0 / dt as f64;
+                self.per_s = Some(self.per_s.map_or(rate, |r| r * 0.7 + rate * 0.3));
+            }
+        }
+        self.last = Some((now_ms, applied, backlog));
+        self.ms = match self.per_s {
+            Some(r) if backlog > 0 => (backlog as f64 * 1000.0 / r.max(0.01)).min(1e12) as u64,
+            _ => 0,
+        };
+    }
+}
+
 /// The leader's admission counters.
 pub struct Admission {
     pub bounds: Bounds,
@@ -211,6 +259,7 @@ struct State {
     commands: usize,
     bytes: usize,
     hint: Hint,
+    drain: Drain,
 }
 
 /// One admitted command's share of the load, given back when dropped
@@ -228,6 +277,7 @@ impl Admission {
                 commands: 0,
                 bytes: 0,
                 hint: Hint::new(now_ms),
+                drain: Drain::default(),
             }),
             refused: AtomicU64::new(0),
         })
@@ -249,6 +299,7 @@ impl Admission {
             commands: st.commands,
             bytes: st.bytes,
             backlog,
+            backlog_ms: st.drain.ms,
         };
         let res = self.bounds.check(load, bytes);
         self.decide(&mut st, res, now_ms)?;
@@ -267,6 +318,7 @@ impl Admission {
             commands: st.commands,
             bytes: st.bytes,
             backlog,
+            backlog_ms: st.drain.ms,
         };
         match self.bounds.check(load, 0) {
             Ok(()) => Ok(()),
@@ -300,6 +352,11 @@ impl Admission {
         })
     }
 
+    /// A reading of this node's applied index and backlog (see [`Drain`]).
+    pub fn observe_apply(&self, now_ms: i64, applied: u64, backlog: u64) {
+        self.state().drain.observe(now_ms, applied, backlog);
+    }
+
     /// Client commands and their bytes in flight now.
     pub fn load(&self) -> (usize, usize) {
         let st = self.state();
@@ -329,6 +386,7 @@ mod tests {
             max_commands: 3,
             max_bytes: 1000,
             max_backlog: 10,
+            max_backlog_ms: 500,
             max_wait_ms: 400,
         }
     }
@@ -338,6 +396,7 @@ mod tests {
             commands,
             bytes,
             backlog,
+            backlog_ms: 0,
         }
     }
 
@@ -355,6 +414,35 @@ mod tests {
         assert_eq!(b.check(load(1, 900, 0), 101), refused(bytes, 1001, 1000));
         let backlog = "log entries not yet applied";
         assert_eq!(b.check(load(0, 0, 11), 1), refused(backlog, 11, 10));
+        let slow = Load {
+            backlog_ms: 501,
+            ..load(0, 0, 2)
+        };
+        let ms = "ms to apply the log not yet applied";
+        assert_eq!(b.check(slow, 1), refused(ms, 501, 500));
+    }
+
+    #[test]
+    fn the_drain_time_is_the_backlog_at_the_rate_applied_while_busy() {
+        let mut d = Drain::default();
+        // Idle: nothing to learn, nothing to drain.
+        d.observe(0, 100, 0);
+        d.observe(100, 100, 0);
+        assert_eq!(d.ms, 0);
+        // Busy with no rate measured yet: not refused for it.
+        d.observe(200, 100, 5);
+        assert_eq!(d.ms, 0);
+        // 4 entries in 100 ms while busy: 40/s, so 8 entries take 200 ms.
+        d.observe(300, 104, 8);
+        assert_eq!(d.ms, 200);
+        // Stuck on one entry: the rate decays and the estimate grows.
+        d.observe(400, 104, 8);
+        assert_eq!(d.ms, 285, "8 / (40 x 0.7) s");
+        d.observe(500, 104, 8);
+        assert!(d.ms > 400, "{}", d.ms);
+        // Drained: nothing to wait for, whatever the rate.
+        d.observe(600, 112, 0);
+        assert_eq!(d.ms, 0);
     }
 
     #[test]
@@ -470,5 +558,13 @@ mod tests {
             .validate()
             .unwrap_err()
             .contains("admit-max-backlog"));
+        let drain = Bounds {
+            max_backlog_ms: 0,
+            ..Bounds::default()
+        };
+        assert!(drain
+            .validate()
+            .unwrap_err()
+            .contains("admit-max-backlog-ms"));
     }
 }

@@ -223,7 +223,7 @@ impl Node {
     pub async fn propose_grouped(&self, cmd: Command) -> Result<Response, ProposeError> {
         let bytes = crate::core::codec::encoded_len(&cmd);
         let now_ms = self.clock.mono_ms();
-        let ticket = (self.admission).admit(bytes, self.apply_backlog(), now_ms)?;
+        let ticket = (self.admission).admit(bytes, self.apply_progress().1, now_ms)?;
         let (tx, rx) = oneshot::channel();
         let item = ProposalItem {
             cmd,
@@ -250,12 +250,16 @@ impl Node {
         }
     }
 
-    /// Log entries this node has appended and not yet applied.
-    pub fn apply_backlog(&self) -> u64 {
+    /// This node's applied index, and the log entries it has appended and
+    /// not yet applied.
+    pub fn apply_progress(&self) -> (u64, u64) {
         let m = self.raft.metrics();
         let m = m.borrow();
         let applied = m.last_applied.map_or(0, |l| l.index);
-        m.last_log_index.unwrap_or(0).saturating_sub(applied)
+        (
+            applied,
+            m.last_log_index.unwrap_or(0).saturating_sub(applied),
+        )
     }
 
     /// The leader this node knows of, with its public address (None until
@@ -520,6 +524,16 @@ async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
     .await
 }
 
+/// Feeds admission control this node's apply progress (`admission::Drain`).
+async fn sample_apply(node: Arc<Node>) {
+    let every = Duration::from_millis(admission::DRAIN_SAMPLE_MS);
+    loop {
+        tokio::time::sleep(every).await;
+        let (applied, backlog) = node.apply_progress();
+        (node.admission).observe_apply(node.clock.mono_ms(), applied, backlog);
+    }
+}
+
 async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
     let size = |item: &ProposalItem| item.bytes;
     in_batches(rx, limits::PROPOSAL_BATCH_MAX, size, |batch| {
@@ -735,6 +749,7 @@ pub async fn run(
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
         tokio::spawn(commit_finishes(node.clone(), finish_rx)),
         tokio::spawn(group_proposals(node.clone(), proposal_rx)),
+        tokio::spawn(sample_apply(node.clone())),
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
     ];

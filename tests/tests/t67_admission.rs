@@ -104,16 +104,20 @@ async fn a_flood_past_the_bound_is_refused_with_a_hint_and_nothing_else_changes(
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
     // The follower forwards once it has learned the leader's public address.
     let via_follower = cluster.client_of(follower);
-    wait_for("the follower to forward", Duration::from_secs(30), || async {
-        let req = pb::JobRef { id: "none".into() };
-        let got = via_follower
-            .jobs(|mut j| {
-                let r = req.clone();
-                async move { j.get_job(r).await }
-            })
-            .await;
-        (got.map(drop).unwrap_err().code() == Code::NotFound).then_some(())
-    })
+    wait_for(
+        "the follower to forward",
+        Duration::from_secs(30),
+        || async {
+            let req = pb::JobRef { id: "none".into() };
+            let got = via_follower
+                .jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.get_job(r).await }
+                })
+                .await;
+            (got.map(drop).unwrap_err().code() == Code::NotFound).then_some(())
+        },
+    )
     .await;
 
     let mut answers = flood(&cluster.node(leader).addr, "direct").await;

@@ -41,11 +41,17 @@ const ANSWER_TARGET_MS: i64 = 1000;
 /// How long creates still in flight at the end of a phase may take.
 const SETTLE: Duration = Duration::from_secs(15);
 const SETUP_LIMIT: Duration = Duration::from_secs(300);
+/// How often the apply backlog is sampled.
+const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
 /// What one phase offered and got.
 struct Phase {
     fires_per_s: f64,
     elections: u64,
+    /// Log entries appended but not applied, the most of any node, sampled.
+    backlog: Vec<i64>,
+    /// Entries applied per second (by the node that applied the most).
+    applied_per_s: f64,
     creates: CreateStats,
     oneshots: CreateStats,
     attempts: Arc<Attempts>,
@@ -105,6 +111,11 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     );
     r.set("elections", over.elections);
     report_creates(&mut r, &over);
+    r.summary(
+        "apply_backlog_entries",
+        summarize(&mut over.backlog.clone()),
+    );
+    r.set("applied_entries_per_s", over.applied_per_s);
     report_lateness(&mut r, &win);
     report_nodes(&mut r, &before, &after);
     report_writes(&mut r, &writes0, &writes1, win.len());
@@ -136,6 +147,7 @@ async fn phase(
     let clients = Arc::new(load::observed_clients(&t.endpoints, o.clients, &attempts).await?);
     let status = Client::new(t.endpoints.clone());
     let term0 = max_term(t, &status).await;
+    let applied0 = t.metric("kairos_applied_index").await;
     let (w0, start) = (wall_ms(), Instant::now());
     let burst = {
         let (clients, every) = (clients.clone(), o.every_ms.unwrap_or(1000).max(1));
@@ -143,9 +155,17 @@ async fn phase(
         tokio::spawn(async move { create_jobs(&clients, specs, concurrency, start + dur).await })
     };
     let feed = tokio::spawn(feed_open_loop(clients.clone(), oneshot_rate, dur));
-    tokio::time::sleep(dur).await;
+    let mut backlog = Vec::new();
+    while start.elapsed() < dur {
+        tokio::time::sleep(SAMPLE_EVERY.min(dur.saturating_sub(start.elapsed()))).await;
+        backlog.extend(apply_backlog(t).await);
+    }
     let w1 = wall_ms();
     let term1 = max_term(t, &status).await;
+    let applied1 = t.metric("kairos_applied_index").await;
+    let applied = (applied1.iter())
+        .filter_map(|(id, b)| Some(b - applied0.iter().find(|(i, _)| i == id)?.1))
+        .fold(0.0, f64::max);
     let received = (workers.rec.snapshot().iter())
         .filter(|x| x.received_at_ms >= w0 && x.received_at_ms < w1)
         .count();
@@ -154,10 +174,22 @@ async fn phase(
     Ok(Phase {
         fires_per_s: received as f64 * 1000.0 / (w1 - w0).max(1) as f64,
         elections: term1.zip(term0).map_or(0, |(b, a)| b.saturating_sub(a)),
+        backlog,
+        applied_per_s: applied / dur.as_secs_f64(),
         creates: creates.ok().and_then(Result::ok).unwrap_or_default(),
         oneshots: oneshots.ok().and_then(Result::ok).unwrap_or_default(),
         attempts,
     })
+}
+
+/// The largest apply backlog (last log index minus applied index) of the
+/// local nodes, if any node answered.
+async fn apply_backlog(t: &Target) -> Option<i64> {
+    let last = t.metric("kairos_last_log_index").await;
+    let applied = t.metric("kairos_applied_index").await;
+    (last.iter())
+        .filter_map(|(id, l)| Some(*l as i64 - applied.iter().find(|(i, _)| i == id)?.1 as i64))
+        .max()
 }
 
 /// The highest term any node reports (from /metrics on a local cluster).

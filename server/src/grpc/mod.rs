@@ -134,7 +134,7 @@ pub fn route<T>(node: &Node, req: &Request<T>) -> Result<Option<Channel>, Status
 /// Every client write asks for it first, so an overloaded leader refuses
 /// the write here, before waiting or working on it.
 pub async fn write_now_ms(node: &Node) -> Result<i64, Status> {
-    let backlog = node.apply_backlog();
+    let (_, backlog) = node.apply_progress();
     (node.admission.precheck(backlog, node.clock.mono_ms())).map_err(|o| error::overloaded(&o))?;
     node.clock
         .wait_calibrated_ms(crate::clock::CALIBRATION_WAIT_MS)

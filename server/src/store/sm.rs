@@ -533,7 +533,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let (responses, effects) = {
             let _g = self.inner.apply_lock.lock().await;
-            self.apply_entries(entries)?
+            // A batch can take a while: off the async workers, so Raft
+            // messages and heartbeats on this node are not held up behind it.
+            let sm = self.clone();
+            tokio::task::spawn_blocking(move || sm.apply_entries(entries))
+                .await
+                .map_err(sm_err)??
         };
         if !effects.is_empty() {
             // No receiver (not leader) is fine: followers have no leader work.

@@ -111,7 +111,8 @@ mod tests {
         let f = file(
             "id = 3\nlisten = \"127.0.0.1:9070\"\npeers = [\"1=127.0.0.1:9170\", \"3=127.0.0.1:9173\"]\n\
              insecure = true\nheartbeat_ms = 50\nelection_min_ms = 200\nadmit_max_commands = 7\n\
-             admit_max_kb = 64\nadmit_max_backlog = 9\nadmit_max_wait_ms = 250\n",
+             admit_max_kb = 64\nadmit_max_backlog = 9\nadmit_max_backlog_ms = 700\n\
+             admit_max_wait_ms = 250\n",
         );
         let a = with_file(f.path(), vec!["--heartbeat-ms".into(), "60".into()]).unwrap();
         assert_eq!(a.id, 3);
@@ -126,9 +127,10 @@ mod tests {
                 a.admit_max_commands,
                 a.admit_max_kb,
                 a.admit_max_backlog,
+                a.admit_max_backlog_ms,
                 a.admit_max_wait_ms
             ),
-            (7, 64, 9, 250)
+            (7, 64, 9, 700, 250)
         );
     }
 

@@ -196,6 +196,10 @@ pub struct ServeArgs {
     /// past it client writes are refused.
     #[arg(long, env = "KAIROS_ADMIT_MAX_BACKLOG", default_value_t = Bounds::default().max_backlog)]
     admit_max_backlog: u64,
+    /// How long applying those entries may take at the leader's recent
+    /// apply rate (1..60000 ms); past it client writes are refused.
+    #[arg(long, env = "KAIROS_ADMIT_MAX_BACKLOG_MS", default_value_t = Bounds::default().max_backlog_ms)]
+    admit_max_backlog_ms: u64,
     /// Longest an admitted write waits to be proposed (1..60000 ms); then
     /// it is refused, unwritten.
     #[arg(long, env = "KAIROS_ADMIT_MAX_WAIT_MS", default_value_t = Bounds::default().max_wait_ms)]
@@ -303,6 +307,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
         max_commands: a.admit_max_commands,
         max_bytes: a.admit_max_kb.saturating_mul(1024),
         max_backlog: a.admit_max_backlog,
+        max_backlog_ms: a.admit_max_backlog_ms,
         max_wait_ms: a.admit_max_wait_ms,
     };
     if let Some(f) = &a.auth_token_file {
