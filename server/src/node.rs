@@ -171,6 +171,10 @@ struct ProposalItem {
     /// Holds the command's share of the admission load until it is answered.
     ticket: Ticket,
 }
+/// Reports per Finish proposal: applying one writes about three state keys,
+/// in a sled batch that this node's Raft log appends wait behind.
+const FINISH_PROPOSAL_REPORTS: usize = 1024;
+const _: () = assert!(FINISH_PROPOSAL_REPORTS <= limits::FINISH_BATCH_MAX);
 /// Client-command batches in flight at once; while they are, new commands
 /// queue up and go out together in the next entry (group commit).
 const PROPOSALS_IN_FLIGHT: usize = 4;
@@ -485,7 +489,7 @@ async fn in_batches<T, Fut>(
 
 async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
     use rand::Rng;
-    in_batches(rx, limits::FINISH_BATCH_MAX, finish_bytes, |batch| {
+    in_batches(rx, FINISH_PROPOSAL_REPORTS, finish_bytes, |batch| {
         let (mut reports, waiters): (Vec<FinishReport>, Vec<_>) = batch.into_iter().unzip();
         let mut rng = rand::thread_rng();
         for r in &mut reports {

@@ -34,7 +34,11 @@ const QUORUM_CHECK: Duration = Duration::from_millis(1000);
 const QUORUM_LOST: Duration = Duration::from_millis(2000);
 /// Fire proposals in flight at once: the next batch replicates while the
 /// previous one applies, and keys due meanwhile gather into the next batch.
-const FIRES_IN_FLIGHT: usize = 2;
+const FIRES_IN_FLIGHT: usize = 4;
+/// Keys per Fire proposal. Applying a key writes about five state keys, in
+/// one sled batch that holds sled's process-wide write lock, which this
+/// node's Raft log appends wait on: ~5,000 writes keep that wait short.
+const FIRE_PROPOSAL_KEYS: usize = 1024;
 
 /// Watches Raft metrics and runs the leader's tasks for as long as this node leads.
 pub async fn supervise(node: Arc<Node>) {
@@ -186,7 +190,7 @@ impl Term {
             if can_fire {
                 let due: Vec<WheelKey> = term
                     .wheel
-                    .advance(now, limits::FIRE_BATCH_MAX)
+                    .advance(now, FIRE_PROPOSAL_KEYS.min(limits::FIRE_BATCH_MAX))
                     .into_iter()
                     .map(|(k, _)| k)
                     .collect();

@@ -272,17 +272,23 @@ impl StateMachine {
         (idx, hex)
     }
 
+    /// Applies entries in order. Their writes go to sled in atomic batches
+    /// cut at entry boundaries once `APPLY_BATCH_WRITES` are pending, each
+    /// with the `last_applied` it reflects: a sled batch holds sled's
+    /// process-wide write lock, which the Raft log's appends wait on, so
+    /// one long batch would hold up this node's Raft traffic.
     fn apply_entries(
         &self,
         entries: Vec<Entry>,
     ) -> Result<(Vec<Response>, Vec<Effect>), StorageError> {
         let base = TreeView(&self.inner.tree);
         let mut overlay = Overlay::new(&base);
+        let mut pending = 0;
         let mut responses = Vec::with_capacity(entries.len());
         let mut effects = Vec::new();
-        let mut last = None;
-        for entry in entries {
-            last = Some(entry.log_id);
+        let count = entries.len();
+        for (i, entry) in entries.into_iter().enumerate() {
+            let log_id = entry.log_id;
             match entry.payload {
                 EntryPayload::Blank => responses.push(Response::Empty),
                 EntryPayload::Membership(m) => {
@@ -292,6 +298,7 @@ impl StateMachine {
                 }
                 EntryPayload::Normal(cmd) => {
                     let applied = core::apply(&overlay, &cmd);
+                    pending += applied.writes.len();
                     for w in applied.writes {
                         match w {
                             core::Write::Put(k, v) => overlay.put(k, v),
@@ -302,14 +309,19 @@ impl StateMachine {
                     responses.push(applied.response);
                 }
             }
+            if pending >= APPLY_BATCH_WRITES || i + 1 == count {
+                overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&log_id));
+                let done = std::mem::replace(&mut overlay, Overlay::new(&base));
+                self.write_batch(done.into_writes())?;
+                pending = 0;
+            }
         }
-        if let Some(last) = last {
-            overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
-        }
-        let writes = overlay.into_writes();
-        (self.inner.writes_total).fetch_add(writes.len() as u64, Ordering::Relaxed);
-        self.inner.tree.apply(&writes).map_err(sm_err)?;
         Ok((responses, effects))
+    }
+
+    fn write_batch(&self, writes: Vec<core::Write>) -> Result<(), StorageError> {
+        (self.inner.writes_total).fetch_add(writes.len() as u64, Ordering::Relaxed);
+        self.inner.tree.apply(&writes).map_err(sm_err)
     }
 
     /// State keys written or deleted by apply since this node started.
@@ -395,6 +407,9 @@ fn sync_dir(file: &Path) -> std::io::Result<()> {
         None => Ok(()),
     }
 }
+
+/// Writes after which apply cuts its sled batch (at the next entry boundary).
+const APPLY_BATCH_WRITES: usize = 4096;
 
 /// Pairs written per sled batch while a snapshot is loaded.
 const RESTORE_BATCH: usize = 4096;
