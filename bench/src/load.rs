@@ -153,7 +153,7 @@ pub async fn observed_clients(
 /// how long the server took to answer it.
 #[derive(Default)]
 pub struct Attempts {
-    answer_ms: Mutex<Vec<i64>>,
+    answer_ms: Mutex<Vec<(Code, i64)>>,
     pub ok: AtomicU64,
     /// `RESOURCE_EXHAUSTED` answers (admission refusals).
     pub refused: AtomicU64,
@@ -178,7 +178,7 @@ impl Attempts {
             counter.fetch_add(1, Ordering::Relaxed);
             let mut v = me.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
             if v.len() < RECORD_MAX {
-                v.push(took.as_millis() as i64);
+                v.push((code, took.as_millis() as i64));
             }
         })
     }
@@ -190,12 +190,13 @@ impl Attempts {
         parts.join(", ")
     }
 
-    /// Answer times recorded so far, in ms.
-    pub fn answer_ms(&self) -> Vec<i64> {
-        self.answer_ms
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// Answer times recorded so far of attempts whose code passes `keep`, in ms.
+    pub fn answer_ms(&self, keep: impl Fn(Code) -> bool) -> Vec<i64> {
+        let v = self.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
+        v.iter()
+            .filter(|(c, _)| keep(*c))
+            .map(|(_, ms)| *ms)
+            .collect()
     }
 }
 

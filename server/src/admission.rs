@@ -84,42 +84,29 @@ pub struct Overloaded {
 impl Bounds {
     /// Checks each bound's range, naming its flag.
     pub fn validate(&self) -> Result<(), String> {
-        let in_range = |ok: bool, flag: &str, range: &str, got: u64| match ok {
+        let ranges = [
+            (
+                "admit-max-commands",
+                self.max_commands as u64,
+                COMMANDS_LIMIT as u64,
+            ),
+            ("admit-max-kb", (self.max_bytes >> 10) as u64, 1 << 20),
+            ("admit-max-backlog", self.max_backlog, 1_000_000),
+            ("admit-max-backlog-ms", self.max_backlog_ms, 60_000),
+            ("admit-max-wait-ms", self.max_wait_ms, 60_000),
+        ];
+        for (flag, got, max) in ranges {
+            if !(1..=max).contains(&got) {
+                return Err(format!("{flag}: must be between 1 and {max}, got {got}"));
+            }
+        }
+        match self.max_bytes.is_multiple_of(1024) {
             true => Ok(()),
-            false => Err(format!("{flag}: must be between {range}, got {got}")),
-        };
-        let commands = self.max_commands;
-        in_range(
-            (1..=COMMANDS_LIMIT).contains(&commands),
-            "admit-max-commands",
-            "1 and 65536",
-            commands as u64,
-        )?;
-        let kb = (self.max_bytes >> 10) as u64;
-        in_range(
-            (1..=1 << 20).contains(&kb) && self.max_bytes.is_multiple_of(1024),
-            "admit-max-kb",
-            "1 and 1048576",
-            kb,
-        )?;
-        in_range(
-            (1..=1_000_000).contains(&self.max_backlog),
-            "admit-max-backlog",
-            "1 and 1000000",
-            self.max_backlog,
-        )?;
-        in_range(
-            (1..=60_000).contains(&self.max_backlog_ms),
-            "admit-max-backlog-ms",
-            "1 and 60000",
-            self.max_backlog_ms,
-        )?;
-        in_range(
-            (1..=60_000).contains(&self.max_wait_ms),
-            "admit-max-wait-ms",
-            "1 and 60000",
-            self.max_wait_ms,
-        )
+            false => Err(format!(
+                "admit-max-kb: {} bytes is not whole KiB",
+                self.max_bytes
+            )),
+        }
     }
 
     /// Whether one more command of `bytes` may join `load`. A command alone
@@ -156,14 +143,18 @@ impl Bounds {
     /// Whether a command queued at `queued_ms` may still be proposed at
     /// `now_ms` (both on the monotonic clock).
     pub fn check_wait(&self, queued_ms: i64, now_ms: i64) -> Result<(), Refusal> {
-        let waited = now_ms.saturating_sub(queued_ms).max(0) as u64;
-        match waited > self.max_wait_ms {
-            true => Err(Refusal {
-                what: "ms queued before proposing",
-                have: waited,
-                max: self.max_wait_ms,
-            }),
+        match now_ms.saturating_sub(queued_ms) > self.max_wait_ms as i64 {
+            true => Err(self.overdue(queued_ms, now_ms)),
             false => Ok(()),
+        }
+    }
+
+    /// The refusal of a command queued at `queued_ms` and still not proposed.
+    pub fn overdue(&self, queued_ms: i64, now_ms: i64) -> Refusal {
+        Refusal {
+            what: "ms queued before proposing",
+            have: now_ms.saturating_sub(queued_ms).max(0) as u64,
+            max: self.max_wait_ms,
         }
     }
 }
@@ -260,6 +251,22 @@ struct State {
     bytes: usize,
     hint: Hint,
     drain: Drain,
+    /// Client commands let in flight now, at most `max_commands`: halved
+    /// after a client batch that took longer than `max_backlog_ms` from
+    /// proposal to answer, grown by each batch that did not. While the log
+    /// is slow, few writes wait in it and the rest are refused at once.
+    limit: usize,
+}
+
+impl State {
+    fn load(&self, backlog: u64) -> Load {
+        Load {
+            commands: self.commands,
+            bytes: self.bytes,
+            backlog,
+            backlog_ms: self.drain.ms,
+        }
+    }
 }
 
 /// One admitted command's share of the load, given back when dropped
@@ -278,6 +285,7 @@ impl Admission {
                 bytes: 0,
                 hint: Hint::new(now_ms),
                 drain: Drain::default(),
+                limit: bounds.max_commands,
             }),
             refused: AtomicU64::new(0),
         })
@@ -295,13 +303,12 @@ impl Admission {
         now_ms: i64,
     ) -> Result<Ticket, Overloaded> {
         let mut st = self.state();
-        let load = Load {
-            commands: st.commands,
-            bytes: st.bytes,
-            backlog,
-            backlog_ms: st.drain.ms,
+        let load = st.load(backlog);
+        let bounds = Bounds {
+            max_commands: st.limit,
+            ..self.bounds
         };
-        let res = self.bounds.check(load, bytes);
+        let res = bounds.check(load, bytes);
         self.decide(&mut st, res, now_ms)?;
         (st.commands, st.bytes) = (st.commands + 1, st.bytes.saturating_add(bytes));
         Ok(Ticket {
@@ -314,25 +321,34 @@ impl Admission {
     /// command would be refused now. Admits nothing.
     pub fn precheck(&self, backlog: u64, now_ms: i64) -> Result<(), Overloaded> {
         let mut st = self.state();
-        let load = Load {
-            commands: st.commands,
-            bytes: st.bytes,
-            backlog,
-            backlog_ms: st.drain.ms,
-        };
+        let load = st.load(backlog);
         match self.bounds.check(load, 0) {
             Ok(()) => Ok(()),
             refused => self.decide(&mut st, refused, now_ms),
         }
     }
 
-    /// Refuses an admitted command that waited too long (its ticket goes with it).
-    pub fn expire(&self, queued_ms: i64, now_ms: i64) -> Result<(), Overloaded> {
-        let res = self.bounds.check_wait(queued_ms, now_ms);
+    /// Checks an admitted command again as it is about to be proposed:
+    /// refused (unproposed; its ticket goes with it) if it waited too long,
+    /// or if the backlog it would queue behind has grown past its bounds.
+    pub fn recheck(&self, queued_ms: i64, backlog: u64, now_ms: i64) -> Result<(), Overloaded> {
+        let mut st = self.state();
+        let behind = Load {
+            commands: 0,
+            bytes: 0,
+            ..st.load(backlog)
+        };
+        let res = (self.bounds.check_wait(queued_ms, now_ms)).and(self.bounds.check(behind, 0));
         match res {
             Ok(()) => Ok(()),
-            refused => self.decide(&mut self.state(), refused, now_ms),
+            refused => self.decide(&mut st, refused, now_ms),
         }
+    }
+
+    /// Refuses a command its waiter withdrew from the queue, unproposed.
+    pub fn withdraw(&self, queued_ms: i64, now_ms: i64) -> Overloaded {
+        let overdue = self.bounds.overdue(queued_ms, now_ms);
+        self.refuse(&mut self.state(), overdue, now_ms)
     }
 
     /// Records the decision in the hint; a refusal carries the hint.
@@ -342,14 +358,37 @@ impl Admission {
         res: Result<(), Refusal>,
         now_ms: i64,
     ) -> Result<(), Overloaded> {
-        st.hint.record(now_ms, res.is_ok());
-        res.map_err(|refusal| {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            Overloaded {
-                refusal,
-                retry_after_ms: st.hint.ms,
+        match res {
+            Ok(()) => {
+                st.hint.record(now_ms, true);
+                Ok(())
             }
-        })
+            Err(refusal) => Err(self.refuse(st, refusal, now_ms)),
+        }
+    }
+
+    fn refuse(&self, st: &mut State, refusal: Refusal, now_ms: i64) -> Overloaded {
+        st.hint.record(now_ms, false);
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Overloaded {
+            refusal,
+            retry_after_ms: st.hint.ms,
+        }
+    }
+
+    /// A client batch of `commands` took `took_ms` from proposal to answer.
+    pub fn completed(&self, took_ms: u64, commands: usize) {
+        let mut st = self.state();
+        st.limit = match took_ms > self.bounds.max_backlog_ms {
+            true => st.limit / 2,
+            false => st.limit.saturating_add(commands),
+        }
+        .clamp(1, self.bounds.max_commands);
+    }
+
+    /// Client commands let in flight now (see `State::limit`).
+    pub fn limit(&self) -> usize {
+        self.state().limit
     }
 
     /// A reading of this node's applied index and backlog (see [`Drain`]).
@@ -528,43 +567,83 @@ mod tests {
         assert_eq!(a.refused_total(), 4);
         drop((t1, t3, t4));
         assert_eq!(a.load(), (0, 0));
-        assert!(a.expire(0, 401).is_err());
-        assert_eq!(a.refused_total(), 5);
+        assert_eq!(a.recheck(0, 10, 400), Ok(()));
+        assert!(a.recheck(0, 10, 401).is_err(), "waited too long");
+        assert!(a.recheck(400, 11, 401).is_err(), "backlog grew meanwhile");
+        let e = a.withdraw(0, 300);
+        assert_eq!((e.refusal.have, e.refusal.max), (300, 400));
+        assert_eq!(a.refused_total(), 7);
+    }
+
+    #[test]
+    fn slow_batches_halve_the_writes_let_in_flight_and_fast_ones_grow_it() {
+        let a = Admission::new(bounds(), 0);
+        assert_eq!(a.limit(), 3);
+        a.completed(501, 1);
+        assert_eq!(a.limit(), 1);
+        a.completed(501, 1);
+        assert_eq!(a.limit(), 1, "never below one");
+        let t = a.admit(1, 0, 0).unwrap();
+        let e = a.admit(1, 0, 0).err().unwrap();
+        assert_eq!((e.refusal.have, e.refusal.max), (2, 1));
+        drop(t);
+        a.completed(500, 1);
+        assert_eq!(a.limit(), 2);
+        a.completed(10, 100);
+        assert_eq!(a.limit(), 3, "never above the bound");
     }
 
     #[test]
     fn out_of_range_bounds_are_refused_naming_the_flag() {
-        assert_eq!(Bounds::default().validate(), Ok(()));
-        let zero = Bounds {
-            max_commands: 0,
-            ..Bounds::default()
-        };
-        assert!(zero.validate().unwrap_err().contains("admit-max-commands"));
-        let wait = Bounds {
-            max_wait_ms: 0,
-            ..Bounds::default()
-        };
-        assert!(wait.validate().unwrap_err().contains("admit-max-wait-ms"));
-        let kb = Bounds {
-            max_bytes: 0,
-            ..Bounds::default()
-        };
-        assert!(kb.validate().unwrap_err().contains("admit-max-kb"));
-        let backlog = Bounds {
-            max_backlog: 0,
-            ..Bounds::default()
-        };
-        assert!(backlog
-            .validate()
-            .unwrap_err()
-            .contains("admit-max-backlog"));
-        let drain = Bounds {
-            max_backlog_ms: 0,
-            ..Bounds::default()
-        };
-        assert!(drain
-            .validate()
-            .unwrap_err()
-            .contains("admit-max-backlog-ms"));
+        let d = Bounds::default();
+        assert_eq!(d.validate(), Ok(()));
+        for (bounds, flag) in [
+            (
+                Bounds {
+                    max_commands: 0,
+                    ..d
+                },
+                "admit-max-commands",
+            ),
+            (
+                Bounds {
+                    max_commands: 65_537,
+                    ..d
+                },
+                "admit-max-commands",
+            ),
+            (Bounds { max_bytes: 0, ..d }, "admit-max-kb"),
+            (
+                Bounds {
+                    max_bytes: 1500,
+                    ..d
+                },
+                "admit-max-kb",
+            ),
+            (
+                Bounds {
+                    max_backlog: 0,
+                    ..d
+                },
+                "admit-max-backlog",
+            ),
+            (
+                Bounds {
+                    max_backlog_ms: 0,
+                    ..d
+                },
+                "admit-max-backlog-ms",
+            ),
+            (
+                Bounds {
+                    max_wait_ms: 60_001,
+                    ..d
+                },
+                "admit-max-wait-ms",
+            ),
+        ] {
+            let e = bounds.validate().unwrap_err();
+            assert!(e.starts_with(&format!("{flag}:")), "{bounds:?}: {e}");
+        }
     }
 }

@@ -93,8 +93,10 @@ fn render_metrics(node: &Node) -> String {
         s,
         "# TYPE kairos_admitted_writes gauge\nkairos_admitted_writes {writes}\n\
          # TYPE kairos_admitted_write_bytes gauge\nkairos_admitted_write_bytes {write_bytes}\n\
+         # TYPE kairos_admitted_writes_limit gauge\nkairos_admitted_writes_limit {}\n\
          # TYPE kairos_refused_writes_total counter\nkairos_refused_writes_total {}\n\
          # TYPE kairos_state_writes_total counter\nkairos_state_writes_total {}",
+        node.admission.limit(),
         node.admission.refused_total(),
         node.sm.writes_total()
     );

@@ -170,6 +170,19 @@ struct ProposalItem {
     tx: oneshot::Sender<Result<Response, ProposeError>>,
     /// Holds the command's share of the admission load until it is answered.
     ticket: Ticket,
+    claim: Arc<Claim>,
+}
+
+/// Taken once, by whichever comes first: the batcher putting the command
+/// into a proposal (it may commit; its waiter waits for the outcome), or the
+/// waiter withdrawing it after `max_wait_ms` (refused, never proposed).
+#[derive(Default)]
+struct Claim(std::sync::atomic::AtomicBool);
+
+impl Claim {
+    fn take(&self) -> bool {
+        !self.0.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
 }
 /// Reports per Finish proposal: applying one writes about three state keys,
 /// in a sled batch that this node's Raft log appends wait behind.
@@ -228,18 +241,29 @@ impl Node {
         let bytes = crate::core::codec::encoded_len(&cmd);
         let now_ms = self.clock.mono_ms();
         let ticket = (self.admission).admit(bytes, self.apply_progress().1, now_ms)?;
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
+        let claim = Arc::new(Claim::default());
         let item = ProposalItem {
             cmd,
             bytes,
             queued_ms: now_ms,
             tx,
             ticket,
+            claim: claim.clone(),
         };
         // The queue holds as many commands as admission lets in flight.
         let busy = || ProposeError::Raft("proposal queue full; retry".into());
         self.proposal_tx.try_send(item).map_err(|_| busy())?;
-        let res = rx.await.map_err(|_| ProposeError::Timeout)?;
+        let wait = Duration::from_millis(self.admission.bounds.max_wait_ms);
+        let res = match tokio::time::timeout(wait, &mut rx).await {
+            Ok(res) => res,
+            Err(_) if claim.take() => {
+                let refused = self.admission.withdraw(now_ms, self.clock.mono_ms());
+                return Err(refused.into());
+            }
+            Err(_) => rx.await,
+        };
+        let res = res.map_err(|_| ProposeError::Timeout)?;
         res.map_err(|e| self.with_public_hint(e))
     }
 
@@ -541,11 +565,12 @@ async fn sample_apply(node: Arc<Node>) {
 async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
     let size = |item: &ProposalItem| item.bytes;
     in_batches(rx, limits::PROPOSAL_BATCH_MAX, size, |batch| {
-        // Commands that waited past the bound are refused, unproposed.
-        let now_ms = node.clock.mono_ms();
+        // Commands that waited past the bound, or would now queue behind
+        // too long a backlog, are refused, unproposed.
+        let (now_ms, (_, backlog)) = (node.clock.mono_ms(), node.apply_progress());
         let mut fresh = Vec::with_capacity(batch.len());
-        for item in batch {
-            match node.admission.expire(item.queued_ms, now_ms) {
+        for item in batch.into_iter().filter(|i| i.claim.take()) {
+            match node.admission.recheck(item.queued_ms, backlog, now_ms) {
                 Ok(()) => fresh.push(item),
                 Err(e) => drop(item.tx.send(Err(e.into()))),
             }
@@ -556,17 +581,24 @@ async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
     .await
 }
 
+/// Proposes a batch (one command alone, else a `Batch` entry), answers each
+/// waiter, and tells admission control how long the proposal took.
 async fn propose_batch(node: &Node, mut batch: Vec<ProposalItem>) {
-    if batch.len() <= 1 {
+    let (n, started_ms) = (batch.len(), node.clock.mono_ms());
+    let took = || (node.clock.mono_ms() - started_ms).max(0) as u64;
+    if n <= 1 {
         if let Some(item) = batch.pop() {
-            let _ = item.tx.send(node.propose(item.cmd).await);
+            let res = node.propose(item.cmd).await;
+            node.admission.completed(took(), n);
+            let _ = item.tx.send(res);
         }
         return;
     }
     let (commands, waiters): (Vec<Command>, Vec<_>) =
         batch.into_iter().map(|i| (i.cmd, (i.tx, i.ticket))).unzip();
-    let n = commands.len();
-    match node.propose(Command::Batch { commands }).await {
+    let res = node.propose(Command::Batch { commands }).await;
+    node.admission.completed(took(), n);
+    match res {
         Ok(Response::Many(rs)) if rs.len() == n => {
             for ((tx, _ticket), r) in waiters.into_iter().zip(rs) {
                 let _ = tx.send(Ok(r));
@@ -840,6 +872,13 @@ mod tests {
             batches,
             vec![vec![mb / 2, mb / 2], vec![1], vec![mb * 2], vec![7]]
         );
+    }
+
+    #[test]
+    fn a_command_is_either_proposed_or_withdrawn_never_both() {
+        let claim = Claim::default();
+        assert!(claim.take(), "the first taker wins");
+        assert!(!claim.take(), "the other one finds it taken");
     }
 
     #[tokio::test]

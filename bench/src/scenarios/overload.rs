@@ -52,6 +52,8 @@ struct Phase {
     backlog: Vec<i64>,
     /// Entries applied per second (by the node that applied the most).
     applied_per_s: f64,
+    /// This load generator's own CPU (workers included), % of one core.
+    bench_cpu_pct: Option<f64>,
     creates: CreateStats,
     oneshots: CreateStats,
     attempts: Arc<Attempts>,
@@ -101,6 +103,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     r.set("peak_offered_fires_per_s", rate);
     r.set("peak_fires_per_s", peak.fires_per_s);
     r.set("peak_elections", peak.elections);
+    r.set("peak_bench_cpu_pct", serde_json::json!(peak.bench_cpu_pct));
     r.set("duration_s", dur.as_secs_f64());
     r.set("offered_fires_per_s", offered);
     r.set("interval_jobs", n_over);
@@ -110,6 +113,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
         over.fires_per_s / peak.fires_per_s.max(1e-9),
     );
     r.set("elections", over.elections);
+    r.set("bench_cpu_pct", serde_json::json!(over.bench_cpu_pct));
     report_creates(&mut r, &over);
     r.summary(
         "apply_backlog_entries",
@@ -149,18 +153,21 @@ async fn phase(
     let term0 = max_term(t, &status).await;
     let applied0 = t.metric("kairos_applied_index").await;
     let (w0, start) = (wall_ms(), Instant::now());
+    let me0 = crate::procfs::sample(std::process::id());
     let burst = {
         let (clients, every) = (clients.clone(), o.every_ms.unwrap_or(1000).max(1));
         let (specs, concurrency) = (interval_specs(jobs, every), o.clients);
         tokio::spawn(async move { create_jobs(&clients, specs, concurrency, start + dur).await })
     };
-    let feed = tokio::spawn(feed_open_loop(clients.clone(), oneshot_rate, dur));
+    let prefix = format!("ov-once-{w0}");
+    let feed = tokio::spawn(feed_open_loop(clients.clone(), prefix, oneshot_rate, dur));
     let mut backlog = Vec::new();
     while start.elapsed() < dur {
         tokio::time::sleep(SAMPLE_EVERY.min(dur.saturating_sub(start.elapsed()))).await;
         backlog.extend(apply_backlog(t).await);
     }
     let w1 = wall_ms();
+    let me1 = crate::procfs::sample(std::process::id());
     let term1 = max_term(t, &status).await;
     let applied1 = t.metric("kairos_applied_index").await;
     let applied = (applied1.iter())
@@ -176,6 +183,9 @@ async fn phase(
         elections: term1.zip(term0).map_or(0, |(b, a)| b.saturating_sub(a)),
         backlog,
         applied_per_s: applied / dur.as_secs_f64(),
+        bench_cpu_pct: me0
+            .zip(me1)
+            .map(|(a, b)| crate::procfs::cpu_percent(&a, &b)),
         creates: creates.ok().and_then(Result::ok).unwrap_or_default(),
         oneshots: oneshots.ok().and_then(Result::ok).unwrap_or_default(),
         attempts,
@@ -205,7 +215,12 @@ async fn max_term(t: &Target, status: &Client) -> Option<u64> {
 /// Creates one-shot timers due `ONESHOT_LEAD_MS` ahead at `rate`/s for
 /// `dur`, starting each tick's creates without waiting for earlier ones
 /// (at most `IN_FLIGHT_MAX` in flight; the rest count as `skipped`).
-async fn feed_open_loop(clients: Arc<Vec<Client>>, rate: u64, dur: Duration) -> CreateStats {
+async fn feed_open_loop(
+    clients: Arc<Vec<Client>>,
+    prefix: String,
+    rate: u64,
+    dur: Duration,
+) -> CreateStats {
     let per_tick = (rate as f64 * FEED_TICK.as_secs_f64()).round() as u64;
     let (start, mut next_id) = (Instant::now(), 0u64);
     let tally = Arc::new(Tally::default());
@@ -221,7 +236,7 @@ async fn feed_open_loop(clients: Arc<Vec<Client>>, rate: u64, dur: Duration) -> 
                 continue;
             }
             let c = clients[next_id as usize % clients.len()].clone();
-            let spec = spec(format!("ov-once-{next_id}"), GROUP, Kind::AtMs(at));
+            let spec = spec(format!("{prefix}-{next_id}"), GROUP, Kind::AtMs(at));
             tally.in_flight.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(tally.clone().create(c, spec));
         }
@@ -291,8 +306,12 @@ fn report_creates(r: &mut Report, p: &Phase) {
     if !codes.is_empty() {
         r.note(format!("create attempts with other codes: {codes}"));
     }
-    let mut answers = a.answer_ms();
+    let mut answers = a.answer_ms(|_| true);
     let late = answers.iter().filter(|ms| **ms > ANSWER_TARGET_MS).count();
     r.set("create_attempts_over_1s", late as u64);
     r.summary("create_answer_ms", summarize(&mut answers));
+    let mut ok = a.answer_ms(|c| c == Code::Ok);
+    r.summary("create_ok_answer_ms", summarize(&mut ok));
+    let mut refused = a.answer_ms(|c| c == Code::ResourceExhausted);
+    r.summary("create_refusal_answer_ms", summarize(&mut refused));
 }
