@@ -1,7 +1,7 @@
 //! A local Kairos cluster of child processes for the benchmarks: three
-//! `kairos serve` nodes from the release binary on free loopback ports, each
-//! with a temporary data directory. Nodes can be SIGKILLed and restarted one
-//! at a time. Everything is killed and removed when the cluster is dropped
+//! (`--nodes`) `kairos serve` nodes from the release binary on free loopback ports, each
+//! with a temporary data directory. Nodes can be stopped (SIGTERM, the
+//! graceful path) or SIGKILLed, and restarted, one at a time. Everything is killed and removed when the cluster is dropped
 //! (also while unwinding from a panic) and on Ctrl-C/SIGTERM through
 //! [`install_signal_cleanup`].
 
@@ -16,8 +16,10 @@ use anyhow::{bail, Context};
 use kairos_client::Client;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Voters in a local cluster.
+/// Voters in a local cluster unless `--nodes` says otherwise.
 pub const NODES: u64 = 3;
+/// Most voters a node accepts in `--peers`.
+pub const NODES_MAX: u64 = 9;
 /// How long a fresh cluster may take to elect a leader and become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(1);
@@ -108,6 +110,28 @@ impl Inner {
         Ok(())
     }
 
+    /// Sends SIGTERM to node `id` if it runs.
+    fn terminate(&mut self, id: u64) -> anyhow::Result<()> {
+        if let Some(c) = &self.node(id)?.child {
+            let pid = rustix::process::Pid::from_child(c);
+            rustix::process::kill_process(pid, rustix::process::Signal::TERM)?;
+        }
+        Ok(())
+    }
+
+    /// Node `id`'s exit status once it has exited (the process is reaped).
+    fn reap(&mut self, id: u64) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let n = self.node(id)?;
+        let Some(c) = n.child.as_mut() else {
+            bail!("node {id} is not running");
+        };
+        let status = c.try_wait()?;
+        if status.is_some() {
+            n.child = None;
+        }
+        Ok(status)
+    }
+
     fn cleanup(&mut self) {
         if self.cleaned {
             return;
@@ -150,17 +174,21 @@ pub fn install_signal_cleanup() {
 }
 
 impl LocalCluster {
-    /// Starts `NODES` nodes from `bin` and waits until the cluster is ready.
-    pub async fn start(bin: &Path, extra: Vec<String>, keep: bool) -> anyhow::Result<Self> {
+    /// Starts `n` nodes from `bin` and waits until the cluster is ready.
+    pub async fn start(bin: &Path, n: u64, extra: Vec<String>, keep: bool) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            (1..=NODES_MAX).contains(&n),
+            "--nodes: 1 to {NODES_MAX}, got {n}"
+        );
         anyhow::ensure!(
             bin.is_file(),
             "--bin {}: not found (build it with `cargo build --release -p kairos-server`)",
             bin.display()
         );
-        let ports = free_ports(3 * NODES as usize)?;
+        let ports = free_ports(3 * n as usize)?;
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let root = std::env::temp_dir().join(format!("kairos-bench-{}-{seq}", std::process::id()));
-        let nodes: Vec<NodeProc> = (0..NODES as usize)
+        let nodes: Vec<NodeProc> = (0..n as usize)
             .map(|i| NodeProc {
                 grpc: format!("127.0.0.1:{}", ports[3 * i]),
                 http: format!("127.0.0.1:{}", ports[3 * i + 1]),
@@ -186,11 +214,16 @@ impl LocalCluster {
             inner: Arc::new(Mutex::new(inner)),
         };
         lock(&LIVE).push(Arc::downgrade(&c.inner));
-        for id in 1..=NODES {
+        for id in 1..=n {
             lock(&c.inner).spawn(id)?;
         }
         c.wait_ready(READY_TIMEOUT).await?;
         Ok(c)
+    }
+
+    /// Number of nodes (ids 1..=size).
+    pub fn size(&self) -> u64 {
+        lock(&self.inner).nodes.len() as u64
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -222,6 +255,27 @@ impl LocalCluster {
     /// SIGKILLs node `id` and reaps it.
     pub fn kill(&self, id: u64) -> anyhow::Result<()> {
         lock(&self.inner).kill(id)
+    }
+
+    /// SIGTERM to node `id`, then waits until it exits with status 0 (its
+    /// graceful stop); SIGKILL and an error after `timeout`. Returns how long it took.
+    pub async fn terminate(&self, id: u64, timeout: Duration) -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        lock(&self.inner).terminate(id)?;
+        loop {
+            if let Some(status) = lock(&self.inner).reap(id)? {
+                anyhow::ensure!(
+                    status.success(),
+                    "node {id} exited with {status} after SIGTERM"
+                );
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() >= timeout {
+                self.kill(id)?;
+                bail!("node {id} did not stop within {timeout:?} of SIGTERM; killed");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Starts node `id` again on its ports and data directory.
@@ -263,7 +317,7 @@ impl LocalCluster {
         loop {
             self.check_alive()?;
             let mut ready = true;
-            for id in 1..=NODES {
+            for id in 1..=self.size() {
                 if self.pid(id).is_some() {
                     ready &= http_status(&self.http(id)?, "/readyz").await == Some(200);
                 }

@@ -2,7 +2,7 @@
 //! cluster from the release binary (or uses `--endpoints`), drives it with
 //! real workers and clients over gRPC, and prints a table or JSON per
 //! scenario: `throughput`, `seed-10k`, `timers-1m`, `failover`, `overload`,
-//! and `smoke` (all five, short, for CI). The exit status is non-zero when a scenario
+//! `rolling-restart`, and `smoke` (all but `rolling-restart`, short, for CI). The exit status is non-zero when a scenario
 //! errs or finds a correctness violation (lost or doubled fires); missed
 //! performance targets are reported, not failed.
 
@@ -36,7 +36,11 @@ pub enum Scenario {
     /// The saturating load (`--rate`), then 5x it for `--duration` (60 s): delivered fires/s,
     /// elections, create answer times and refusals.
     Overload,
-    /// All five scenarios, short (for CI).
+    /// Restart every node in turn under interval load, first gracefully (SIGTERM: the leader
+    /// hands over), then with SIGKILL: fire delay and lateness, elections, lost and doubled fires.
+    #[value(name = "rolling-restart")]
+    RollingRestart,
+    /// Every scenario but `rolling-restart`, short (for CI).
     Smoke,
 }
 
@@ -59,10 +63,13 @@ pub struct Opts {
     pub endpoints: Vec<String>,
     #[arg(long, value_enum, default_value = "table")]
     pub output: OutputFormat,
+    /// Voters of the local cluster (1 to 9).
+    #[arg(long, default_value_t = cluster::NODES)]
+    pub nodes: u64,
     /// The kairos server binary for the local cluster.
     #[arg(long, default_value = "target/release/kairos")]
     pub bin: PathBuf,
-    /// Number of jobs/timers (seed-10k: 10000, timers-1m: 1000000, failover: 50).
+    /// Number of jobs/timers (seed-10k: 10000, timers-1m: 1000000, failover: 50, rolling-restart: 10).
     #[arg(long)]
     pub count: Option<u64>,
     /// Leader kills in `failover`.
@@ -81,7 +88,7 @@ pub struct Opts {
     /// load of its first phase (default 5000), 5x that in the second.
     #[arg(long)]
     pub rate: Option<u64>,
-    /// Interval of the interval jobs in `throughput` (ms) and `failover` (ms).
+    /// Interval of the interval jobs in `throughput`, `failover` and `rolling-restart` (ms).
     #[arg(long)]
     pub every_ms: Option<u64>,
     /// seed-10k: period of the boundary group in seconds (60 = every minute; must divide 60).

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use kairos_proto::v1 as pb;
 use kairos_server::core::codec::encode;
+use kairos_server::core::keys;
 use kairos_server::core::{Command, EntryKind, JobSpec, Policy, RunId, ScheduleInput, WheelKey};
 use kairos_server::raft::{Entry, LogId, SnapshotMeta, TypeConfig, Vote};
 use kairos_server::store::snapfile;
@@ -34,7 +35,7 @@ fn log_id(index: u64) -> LogId {
 fn entry(index: u64, cmd: Command) -> Entry {
     Entry {
         log_id: log_id(index),
-        payload: EntryPayload::Normal(cmd),
+        payload: EntryPayload::Normal(cmd.into()),
     }
 }
 
@@ -101,6 +102,10 @@ fn histories() -> Vec<Vec<Command>> {
             Command::DeleteJob {
                 id: "cron".into(),
                 now_ms: NOW_MS + 4,
+            },
+            Command::Housekeep {
+                now_ms: NOW_MS + 5,
+                max_deletes: 64,
             },
         ],
         vec![Command::Batch {
@@ -194,7 +199,7 @@ fn snapshot_file_seeds(out: &Path) {
     ];
     for (i, pairs) in pairs.iter().enumerate() {
         let path = tmp.path().join("s");
-        let mut w = snapfile::Writer::create(&path, 7, &snapshot_meta()).unwrap();
+        let mut w = snapfile::Writer::create(&path, keys::STATE_VERSION, &snapshot_meta()).unwrap();
         for (k, v) in pairs.iter() {
             w.pair(k, v).unwrap();
         }
@@ -236,6 +241,7 @@ fn proto_spec_seeds(out: &Path) {
             kind: Some(Kind::Cron(pb::Cron {
                 expr: "0 3 * * *".into(),
                 tz: "Europe/Paris".into(),
+                dialect: String::new(),
             })),
         }),
         group: "batch".into(),

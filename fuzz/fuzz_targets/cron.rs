@@ -1,5 +1,6 @@
 //! Cron expressions and time zones from clients, checked at validation and
-//! searched inside apply: every path must return, never panic.
+//! searched inside apply, in both dialects (unix and Quartz): every path
+//! must return, never panic.
 //!
 //! Input: `expr \n tz \n after_ms (decimal)`; missing parts default.
 
@@ -19,18 +20,22 @@ fuzz_target!(|data: &[u8]| {
         .next()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(1_700_000_000_000);
-    let input = ScheduleInput::Cron {
-        expr: expr.clone(),
-        tz: tz.clone(),
-    };
-    let _ = validate::schedule(&input, after_ms);
-    let schedule = Schedule::Cron { expr, tz };
-    if schedule.validate().is_ok() {
-        if let Ok(list) = schedule.preview(after_ms, 5) {
-            let mut prev = after_ms;
-            for t in list {
-                assert!(t > prev, "occurrences must increase: {t} after {prev}");
-                prev = t;
+    // Both dialects read the same text.
+    let (e, z) = (expr.clone(), tz.clone());
+    let inputs = [
+        ScheduleInput::Cron { expr: e, tz: z },
+        ScheduleInput::Quartz { expr, tz },
+    ];
+    for input in inputs {
+        let _ = validate::schedule(&input, after_ms);
+        let schedule: Schedule = input.resolve(after_ms);
+        if schedule.validate().is_ok() {
+            if let Ok(list) = schedule.preview(after_ms, 5) {
+                let mut prev = after_ms;
+                for t in list {
+                    assert!(t > prev, "occurrences must increase: {t} after {prev}");
+                    prev = t;
+                }
             }
         }
     }

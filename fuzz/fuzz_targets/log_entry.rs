@@ -12,8 +12,11 @@ use openraft::EntryPayload;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(entry) = decode::<Entry>(data) {
-        if let EntryPayload::Normal(cmd) = entry.payload {
-            apply_all(&mut MemView::default(), &[cmd]);
+        if let EntryPayload::Normal(logged) = entry.payload {
+            // A format this binary does not read is refused, not applied.
+            if let Ok(cmd) = logged.command(entry.log_id.index) {
+                apply_all(&mut MemView::default(), &[cmd]);
+            }
         }
     }
     // A history: a job created by an earlier command is seen by later ones.

@@ -5,9 +5,12 @@
 
 use crate::event::Outcome;
 use kairos_proto::v1::{
-    cluster_client::ClusterClient, jobs_client::JobsClient, schedule::Kind, CreateJobRequest, Job,
-    JobRef, JobSpec, MisfirePolicy, Schedule, StatusRequest, StatusResponse, UpdateJobRequest,
+    cluster_client::ClusterClient, jobs_client::JobsClient, schedule::Kind, AddLearnerRequest,
+    CreateJobRequest, Job, JobRef, JobSpec, MembershipResponse, MisfirePolicy, NodeRef, Schedule,
+    StatusRequest, StatusResponse, UpdateJobRequest,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::interceptor::InterceptedService;
@@ -24,11 +27,35 @@ pub const MISFIRE_GRACE_MS: u64 = 3_600_000;
 /// Run deadline: a lost finish is retried after this.
 pub const RUN_TIMEOUT_MS: u64 = 5_000;
 
+/// One slot of the cluster: a fixed address (namespace, ports) whose node id
+/// changes when the membership nemesis replaces the node living there. Clones
+/// share the id, so every workload sees a replacement at once.
 #[derive(Clone)]
 pub struct Node {
-    pub id: u64,
+    pub slot: usize,
+    id: Arc<AtomicU64>,
     pub addr: String,
     pub channel: NodeChannel,
+}
+
+impl Node {
+    pub fn new(slot: usize, id: u64, addr: String, channel: NodeChannel) -> Node {
+        Node {
+            slot,
+            id: Arc::new(AtomicU64::new(id)),
+            addr,
+            channel,
+        }
+    }
+
+    /// The id of the node in this slot now.
+    pub fn id(&self) -> u64 {
+        self.id.load(Ordering::Relaxed)
+    }
+
+    pub fn set_id(&self, id: u64) {
+        self.id.store(id, Ordering::Relaxed);
+    }
 }
 
 /// How the harness reaches a secure cluster: its CA and the admin token.
@@ -219,12 +246,93 @@ pub async fn pause(ch: &NodeChannel, id: &str, t: Duration) -> Result<Job, Statu
 
 /// This node's own view of the cluster.
 pub async fn status(ch: &NodeChannel, t: Duration) -> Result<StatusResponse, Status> {
-    let mut client = ClusterClient::new(ch.clone());
-    let call = client.status(local(StatusRequest {}, t));
+    let call = async {
+        ClusterClient::new(ch.clone())
+            .status(local(StatusRequest {}, t))
+            .await
+    };
+    bounded(t, call).await
+}
+
+/// Adds node `id` (started with `--join`, listening for peers at
+/// `peer_addr`) as a learner; any node forwards it to the leader.
+pub async fn add_learner(
+    ch: &NodeChannel,
+    id: u64,
+    peer_addr: &str,
+    t: Duration,
+) -> Result<MembershipResponse, Status> {
+    let req = AddLearnerRequest {
+        id,
+        peer_addr: peer_addr.to_string(),
+    };
+    let call = async {
+        ClusterClient::new(ch.clone())
+            .add_learner(request(req, t))
+            .await
+    };
+    bounded(t, call).await
+}
+
+/// Makes learner `id` a voter.
+pub async fn promote(ch: &NodeChannel, id: u64, t: Duration) -> Result<MembershipResponse, Status> {
+    let call = async {
+        ClusterClient::new(ch.clone())
+            .promote(request(NodeRef { id }, t))
+            .await
+    };
+    bounded(t, call).await
+}
+
+/// Removes voter or learner `id` from the cluster.
+pub async fn remove_node(
+    ch: &NodeChannel,
+    id: u64,
+    t: Duration,
+) -> Result<MembershipResponse, Status> {
+    let call = async {
+        ClusterClient::new(ch.clone())
+            .remove_node(request(NodeRef { id }, t))
+            .await
+    };
+    bounded(t, call).await
+}
+
+/// Header of a "not the leader" answer naming the leader's public address.
+const LEADER_HEADER: &str = "x-kairos-leader";
+
+/// The slot of the leader a "not the leader" answer names, if it is one of ours.
+pub fn redirect(s: &Status, nodes: &[Node]) -> Option<usize> {
+    if s.code() != Code::Unavailable {
+        return None;
+    }
+    let addr = s.metadata().get(LEADER_HEADER)?.to_str().ok()?;
+    nodes.iter().position(|n| n.addr == addr)
+}
+
+/// Runs a call with a deadline of its own besides the gRPC one, so a
+/// paused node cannot hold the caller.
+async fn bounded<T>(
+    t: Duration,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, Status> {
     match tokio::time::timeout(t + Duration::from_millis(500), call).await {
         Ok(r) => Ok(r?.into_inner()),
-        Err(_) => Err(Status::deadline_exceeded("status timed out")),
+        Err(_) => Err(Status::deadline_exceeded("timed out")),
     }
+}
+
+/// The leader's own view of the cluster: the status read locally on the
+/// slot most nodes name as leader, if that node says it leads. Its voter
+/// flags are the latest membership the leader knows, its `lag`s are real.
+pub async fn leader_view(nodes: &[Node]) -> Option<(usize, StatusResponse)> {
+    let id = find_leader(nodes).await?;
+    let slot = nodes.iter().position(|n| n.id() == id)?;
+    let s = status(&nodes[slot].channel, Duration::from_millis(800))
+        .await
+        .ok()?;
+    let leads = s.leader == id && s.nodes.iter().any(|n| n.id == id && n.role == "leader");
+    leads.then_some((slot, s))
 }
 
 /// The leader id most nodes agree on, if any node knows one.
@@ -263,6 +371,41 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_redirect_names_one_of_our_slots() {
+        let nodes: Vec<Node> = (0..3)
+            .map(|slot| {
+                let addr = format!("10.0.0.{}:7070", slot + 1);
+                let ch = channel(&addr, &Security::default()).unwrap();
+                Node::new(slot, slot as u64 + 1, addr, ch)
+            })
+            .collect();
+        let with_leader = |code: Code, addr: &str| {
+            let mut s = Status::new(code, "not the leader");
+            s.metadata_mut()
+                .insert(LEADER_HEADER, addr.parse().unwrap());
+            s
+        };
+        assert_eq!(
+            redirect(&with_leader(Code::Unavailable, "10.0.0.3:7070"), &nodes),
+            Some(2)
+        );
+        assert_eq!(
+            redirect(&with_leader(Code::Unavailable, "10.9.9.9:7070"), &nodes),
+            None
+        );
+        assert_eq!(
+            redirect(&with_leader(Code::Internal, "10.0.0.3:7070"), &nodes),
+            None
+        );
+        assert_eq!(
+            redirect(&Status::unavailable("no leader elected yet"), &nodes),
+            None
+        );
+        nodes[2].set_id(6);
+        assert_eq!((nodes[2].id(), nodes[2].clone().id()), (6, 6));
+    }
 
     #[test]
     fn definite_rejections_fail_and_timeouts_are_unknown() {

@@ -2,7 +2,13 @@
 //! `ip netns exec`, or directly on loopback), with libfaketime preloaded from
 //! the start when clock faults are wanted so its offset can be changed later
 //! by rewriting a file, and how it is killed, paused, resumed and restarted
-//! with the same data directory and flags. Logs append to one file per node.
+//! with the same data directory and flags. Logs append to one file per slot.
+//!
+//! A slot is a fixed place (namespace, addresses, directory); the node living
+//! there can change. Slot `k` of `n` first hosts node `k + 1`, started with
+//! `--peers`; the membership nemesis may retire it (the slot is vacant, its
+//! data wiped) and start a fresh node `k + 1 + n`, then `k + 1 + 2n`, ...
+//! with `--join`, so a node id is never reused and every id's slot is known.
 
 use crate::clean;
 use crate::signal::{self, Signal};
@@ -14,8 +20,14 @@ use std::sync::Mutex;
 
 pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
+/// Highest node id the harness gives: `kairos certs init` writes certificates
+/// for ids 1..=64 (its limit), and ids are never reused, so this bounds how
+/// many fresh nodes a run can start.
+pub const ID_MAX: u64 = 64;
+
 #[derive(Debug, Clone)]
 pub struct NodeSpec {
+    /// The slot's first node id.
     pub id: u64,
     /// Public gRPC address, reachable from the harness.
     pub listen: String,
@@ -23,13 +35,14 @@ pub struct NodeSpec {
     pub peer: String,
     pub http: String,
     pub netns: Option<String>,
-    /// Holds `data/`, `kairos.log` and `faketime`.
+    /// Holds `data/<id>/`, `kairos.log` and `faketime`.
     pub dir: PathBuf,
 }
 
 impl NodeSpec {
-    pub fn data_dir(&self) -> PathBuf {
-        self.dir.join("data")
+    /// Node `id`'s data directory: each node living in the slot has its own.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.join("data").join(id.to_string())
     }
     pub fn log_path(&self) -> PathBuf {
         self.dir.join("kairos.log")
@@ -37,6 +50,17 @@ impl NodeSpec {
     pub fn faketime_path(&self) -> PathBuf {
         self.dir.join("faketime")
     }
+}
+
+/// Who lives in a slot now.
+struct Slot {
+    /// The latest node id given to the slot.
+    id: u64,
+    /// Its node was removed from the cluster and not replaced yet.
+    vacant: bool,
+    /// Started with `--join` (added at runtime) rather than `--peers`.
+    joined: bool,
+    child: Option<Child>,
 }
 
 pub struct Cluster {
@@ -48,7 +72,7 @@ pub struct Cluster {
     pub extra_args: Vec<String>,
     /// What clients present ([`Cluster::secure`] fills it in).
     pub security: crate::client::Security,
-    procs: Mutex<Vec<Option<Child>>>,
+    slots: Mutex<Vec<Slot>>,
 }
 
 impl Cluster {
@@ -59,13 +83,21 @@ impl Cluster {
         faketime: bool,
     ) -> Result<Cluster> {
         for n in &nodes {
-            std::fs::create_dir_all(n.data_dir())
-                .with_context(|| format!("create {}", n.data_dir().display()))?;
+            std::fs::create_dir_all(n.data_dir(n.id))
+                .with_context(|| format!("create {}", n.data_dir(n.id).display()))?;
             if faketime {
                 write_offset(&n.faketime_path(), 0)?;
             }
         }
-        let procs = Mutex::new(nodes.iter().map(|_| None).collect());
+        let slots = nodes
+            .iter()
+            .map(|n| Slot {
+                id: n.id,
+                vacant: false,
+                joined: false,
+                child: None,
+            })
+            .collect();
         Ok(Cluster {
             bin,
             run_id,
@@ -73,10 +105,11 @@ impl Cluster {
             faketime,
             extra_args: Vec::new(),
             security: Default::default(),
-            procs,
+            slots: Mutex::new(slots),
         })
     }
 
+    /// The bootstrap voters: every slot's first node.
     fn peers(&self) -> String {
         self.nodes
             .iter()
@@ -85,7 +118,17 @@ impl Cluster {
             .join(",")
     }
 
-    fn command(&self, n: &NodeSpec) -> Command {
+    /// Public addresses of the other slots, for `--join`.
+    fn others(&self, n: &NodeSpec) -> String {
+        self.nodes
+            .iter()
+            .filter(|o| o.listen != n.listen)
+            .map(|o| o.listen.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn command(&self, n: &NodeSpec, id: u64, joined: bool) -> Command {
         let mut c = match &n.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -97,7 +140,7 @@ impl Cluster {
         c.arg("serve")
             .args([
                 "--id",
-                &n.id.to_string(),
+                &id.to_string(),
                 "--listen",
                 &n.listen,
                 "--peer-listen",
@@ -106,10 +149,14 @@ impl Cluster {
                 &n.http,
             ])
             .arg("--data-dir")
-            .arg(n.data_dir())
-            .args(["--peers", &self.peers()])
-            // Namespaced nodes of a plain run listen on non-loopback addresses.
-            .args((n.netns.is_some() && self.security.token.is_none()).then_some("--insecure"))
+            .arg(n.data_dir(id));
+        if joined {
+            c.args(["--join", &self.others(n)]);
+        } else {
+            c.args(["--peers", &self.peers()]);
+        }
+        // Namespaced nodes of a plain run listen on non-loopback addresses.
+        c.args((n.netns.is_some() && self.security.token.is_none()).then_some("--insecure"))
             .args(&self.extra_args);
         c.env(clean::ENV_RUN, &self.run_id)
             .env(clean::ENV_OWNER, std::process::id().to_string());
@@ -122,20 +169,15 @@ impl Cluster {
         c
     }
 
-    /// Turns on TLS and tokens: `kairos certs init` into `dir` (naming
-    /// every node's host), an admin token file, and the flags that use them.
+    /// Turns on TLS and tokens: `kairos certs init` into `dir` (certificates
+    /// for every id up to [`ID_MAX`], naming every slot's host), an admin
+    /// token file, and the flags that use them.
     pub fn secure(&mut self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir)?;
         let certs = dir.join("certs");
         let mut cmd = Command::new(&self.bin);
-        cmd.args([
-            "certs",
-            "init",
-            "--nodes",
-            &self.nodes.len().to_string(),
-            "--out",
-        ])
-        .arg(&certs);
+        cmd.args(["certs", "init", "--nodes", &ID_MAX.to_string(), "--out"])
+            .arg(&certs);
         for n in &self.nodes {
             let host = n
                 .listen
@@ -165,27 +207,32 @@ impl Cluster {
         Ok(())
     }
 
-    /// Starts (or restarts) node `idx`.
+    /// Starts (or restarts) the node living in slot `idx`.
     pub fn start(&self, idx: usize) -> Result<()> {
+        let mut slots = self.lock();
+        anyhow::ensure!(!slots[idx].vacant, "slot {idx} is vacant");
+        self.spawn(idx, &mut slots[idx])
+    }
+
+    fn spawn(&self, idx: usize, slot: &mut Slot) -> Result<()> {
         let n = &self.nodes[idx];
         let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(n.log_path())?;
-        writeln!(log, "=== kairos-jepsen: starting node {} ===", n.id)?;
+        writeln!(log, "=== kairos-jepsen: starting node {} ===", slot.id)?;
         let child = self
-            .command(n)
+            .command(n, slot.id, slot.joined)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
             .with_context(|| format!("spawn {}", self.bin.display()))?;
         clean::register_pid(child.id());
-        let mut procs = self.lock();
-        if let Some(mut old) = procs[idx].take() {
+        if let Some(mut old) = slot.child.take() {
             reap(&mut old);
         }
-        procs[idx] = Some(child);
+        slot.child = Some(child);
         Ok(())
     }
 
@@ -193,26 +240,78 @@ impl Cluster {
         (0..self.nodes.len()).try_for_each(|i| self.start(i))
     }
 
+    /// Starts slot `idx`'s node if it is not running (and the slot is not
+    /// vacant); true if it started it.
+    pub fn restart_if_down(&self, idx: usize) -> Result<bool> {
+        let mut slots = self.lock();
+        let slot = &mut slots[idx];
+        if slot.vacant
+            || slot
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        {
+            return Ok(false);
+        }
+        self.spawn(idx, slot).map(|()| true)
+    }
+
+    /// The id of the node living in slot `idx`; `None` while it is vacant.
+    pub fn id(&self, idx: usize) -> Option<u64> {
+        let slots = self.lock();
+        (!slots[idx].vacant).then_some(slots[idx].id)
+    }
+
+    /// Stops slot `idx`'s node for good (it was removed from the cluster)
+    /// and wipes its data: the slot is vacant. Returns the retired id.
+    pub fn retire(&self, idx: usize) -> Result<u64> {
+        let mut slots = self.lock();
+        let slot = &mut slots[idx];
+        if let Some(mut c) = slot.child.take() {
+            reap(&mut c);
+        }
+        slot.vacant = true;
+        let dir = self.nodes[idx].data_dir(slot.id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("wipe {}", dir.display()))?;
+        }
+        Ok(slot.id)
+    }
+
+    /// The id a fresh node in slot `idx` would get; `None` past [`ID_MAX`].
+    pub fn next_id(&self, idx: usize) -> Option<u64> {
+        let id = self.lock()[idx].id + self.nodes.len() as u64;
+        (id <= ID_MAX).then_some(id)
+    }
+
+    /// Starts a fresh node, with the slot's next id, empty data and
+    /// `--join`, in vacant slot `idx`. Returns its id.
+    pub fn start_fresh(&self, idx: usize) -> Result<u64> {
+        let id = self.next_id(idx).with_context(|| {
+            format!("slot {idx} has no id left (ids go up to {ID_MAX}, never reused)")
+        })?;
+        let mut slots = self.lock();
+        let slot = &mut slots[idx];
+        anyhow::ensure!(slot.vacant, "slot {idx} is not vacant");
+        std::fs::create_dir_all(self.nodes[idx].data_dir(id))?;
+        slot.id = id;
+        slot.joined = true;
+        slot.vacant = false;
+        self.spawn(idx, slot)?;
+        Ok(id)
+    }
+
     /// SIGKILL node `idx` and wait for it.
     pub fn kill(&self, idx: usize) {
-        if let Some(mut c) = self.lock()[idx].take() {
+        if let Some(mut c) = self.lock()[idx].child.take() {
             reap(&mut c);
         }
     }
 
     /// Sends `sig` (STOP, CONT) to node `idx`'s process, if it is still ours.
     pub fn signal(&self, idx: usize, sig: Signal) -> bool {
-        match self.lock()[idx].as_mut() {
+        match self.lock()[idx].child.as_mut() {
             Some(c) => signal::child(c, sig),
-            None => false,
-        }
-    }
-
-    /// Is node `idx`'s process alive (possibly paused)?
-    pub fn running(&self, idx: usize) -> bool {
-        let mut procs = self.lock();
-        match procs[idx].as_mut() {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
             None => false,
         }
     }
@@ -230,8 +329,8 @@ impl Cluster {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Child>>> {
-        self.procs.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The last lines of node `idx`'s log, for error messages.
@@ -267,6 +366,77 @@ pub fn write_offset(path: &Path, offset_s: i64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three loopback slots whose "kairos" is `echo`: each start writes its
+    /// command line into the slot's log.
+    fn echo_cluster(dir: &Path) -> Cluster {
+        let specs = (1..=3u64)
+            .map(|id| NodeSpec {
+                id,
+                listen: format!("127.0.0.1:{}", 1_000 + id),
+                peer: format!("127.0.0.1:{}", 1_200 + id),
+                http: format!("127.0.0.1:{}", 1_100 + id),
+                netns: None,
+                dir: dir.join(format!("n{id}")),
+            })
+            .collect();
+        Cluster::new(PathBuf::from("/bin/echo"), "test".into(), specs, false).unwrap()
+    }
+
+    /// Waits (up to 10 s) until slot `idx`'s log holds `text`: `echo` has run.
+    fn wait_log(c: &Cluster, idx: usize, text: &str) -> String {
+        for _ in 0..1_000 {
+            let log = std::fs::read_to_string(c.nodes[idx].log_path()).unwrap_or_default();
+            if log.contains(text) {
+                return log;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("slot {idx}'s log never showed {text:?}");
+    }
+
+    #[test]
+    fn a_slot_hosts_fresh_ids_never_reused_and_wipes_retired_data() {
+        let dir = std::env::temp_dir().join(format!("kj-slots-{}", std::process::id()));
+        let c = echo_cluster(&dir);
+        c.start(1).unwrap();
+        let log = wait_log(&c, 1, "--id 2 ");
+        let peers = "--peers 1=127.0.0.1:1201,2=127.0.0.1:1202,3=127.0.0.1:1203";
+        assert!(log.contains(peers), "{log}");
+        assert_eq!((c.id(1), c.next_id(1)), (Some(2), Some(5)));
+        assert!(c.start_fresh(1).is_err(), "slot 1 is not vacant");
+        std::fs::write(c.nodes[1].data_dir(2).join("db"), b"x").unwrap();
+
+        assert_eq!(c.retire(1).unwrap(), 2);
+        assert!(!c.nodes[1].data_dir(2).exists(), "retired data wiped");
+        assert_eq!(c.id(1), None);
+        assert!(
+            !c.restart_if_down(1).unwrap(),
+            "a vacant slot starts nothing"
+        );
+        assert!(c.start(1).is_err());
+
+        assert_eq!(c.start_fresh(1).unwrap(), 5);
+        assert_eq!(c.id(1), Some(5));
+        assert!(c.nodes[1].data_dir(5).exists());
+        let log = wait_log(&c, 1, "--id 5 ");
+        assert!(
+            log.contains("--join 127.0.0.1:1001,127.0.0.1:1003"),
+            "{log}"
+        );
+
+        let mut ids = vec![5];
+        while c.next_id(1).is_some() {
+            c.retire(1).unwrap();
+            ids.push(c.start_fresh(1).unwrap());
+        }
+        assert_eq!(ids.last(), Some(&62));
+        assert!(ids.windows(2).all(|w| w[1] == w[0] + 3));
+        c.retire(1).unwrap();
+        assert!(c.start_fresh(1).is_err(), "ids stop at {ID_MAX}");
+        drop(c);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn offsets_are_signed_seconds() {

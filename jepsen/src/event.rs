@@ -256,6 +256,11 @@ pub struct FinalNode {
     /// Applied index from a status read after them (0 = not read): the lists
     /// reflect some state between the two.
     pub applied_index_after: u64,
+    /// The membership this node knows: voters and learners (ids, sorted),
+    /// and whether it is a joint configuration (a change between its steps).
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    pub membership_changing: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub jobs: Vec<FinalJob>,

@@ -1,7 +1,9 @@
 //! The end-of-run reads: wait until the replicas' applied indexes agree
 //! (bounded), then read each node's own state with local reads — its status
-//! entry (role, leader, applied index, digest), every job, and the run
-//! records of every job the harness ever touched — into `final` events.
+//! entry (role, leader, applied index, digest), the membership it knows,
+//! every job, and the run records of every job the harness ever touched —
+//! into `final` events. Each slot is read as the node living there now
+//! (membership changes give slots new node ids).
 
 use crate::client::{local, status, Node};
 use crate::event::{FinalJob, FinalNode, FinalRun};
@@ -25,7 +27,7 @@ pub async fn applied_indexes(nodes: &[Node]) -> Vec<Option<u64>> {
         let own = status(&n.channel, Duration::from_secs(1))
             .await
             .ok()
-            .and_then(|s| s.nodes.into_iter().find(|x| x.id == n.id))
+            .and_then(|s| s.nodes.into_iter().find(|x| x.id == n.id()))
             .map(|x| x.applied_index);
         out.push(own);
     }
@@ -54,7 +56,7 @@ pub async fn wait_converged(nodes: &[Node], limit: Duration) -> bool {
 pub async fn read_node(n: &Node, ids: &BTreeSet<String>, now_ms: i64) -> FinalNode {
     let mut f = FinalNode {
         time_ms: now_ms,
-        node: n.id,
+        node: n.id(),
         ..Default::default()
     };
     match status(&n.channel, CALL_TIMEOUT).await {
@@ -63,9 +65,13 @@ pub async fn read_node(n: &Node, ids: &BTreeSet<String>, now_ms: i64) -> FinalNo
             let own = s
                 .nodes
                 .iter()
-                .find(|x| x.id == n.id)
+                .find(|x| x.id == f.node)
                 .cloned()
                 .unwrap_or_default();
+            let (voters, learners) = s.nodes.iter().partition::<Vec<_>, _>(|x| x.voter);
+            f.voters = sorted_ids(&voters);
+            f.learners = sorted_ids(&learners);
+            f.membership_changing = s.membership_changing;
             f.role = own.role;
             f.term = own.term;
             f.applied_index = own.applied_index;
@@ -100,10 +106,16 @@ pub async fn read_node(n: &Node, ids: &BTreeSet<String>, now_ms: i64) -> FinalNo
     f.applied_index_after = status(&n.channel, CALL_TIMEOUT)
         .await
         .ok()
-        .and_then(|s| s.nodes.into_iter().find(|x| x.id == n.id))
+        .and_then(|s| s.nodes.into_iter().find(|x| x.id == f.node))
         .map_or(0, |x| x.applied_index);
     f.reachable = true;
     f
+}
+
+fn sorted_ids(nodes: &[&kairos_proto::v1::NodeStatus]) -> Vec<u64> {
+    let mut ids: Vec<u64> = nodes.iter().map(|x| x.id).collect();
+    ids.sort_unstable();
+    ids
 }
 
 async fn read_jobs(n: &Node) -> Result<Vec<FinalJob>, tonic::Status> {

@@ -2,14 +2,15 @@
 //! 5–15 s, then healed; blackholes long enough to force a snapshot), the
 //! partition shapes as (receiver, sender) drop pairs, and the choices the
 //! workloads make (register operation mix, timer delays and cancellations,
-//! interval periods). Same seed, same plan: runs can be replayed.
+//! interval periods), and the membership changes (`member_change`). Same
+//! seed, same plan: runs can be replayed.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
 /// Fault families the CLI accepts.
-pub const FAMILIES: [&str; 7] = [
+pub const FAMILIES: [&str; 8] = [
     "partition",
     "kill",
     "pause",
@@ -17,7 +18,11 @@ pub const FAMILIES: [&str; 7] = [
     "loss",
     "bandwidth",
     "snapshot",
+    MEMBERSHIP,
 ];
+/// The family that is not in the fault plan: membership changes run beside
+/// it (`membership.rs`), so they meet the planned faults.
+pub const MEMBERSHIP: &str = "membership";
 /// Families that need network namespaces.
 pub const NETWORK_FAMILIES: [&str; 4] = ["partition", "loss", "bandwidth", "snapshot"];
 
@@ -93,6 +98,7 @@ pub struct PlannedFault {
 }
 
 /// The fault schedule for a run of `limit_ms`; faults never overlap.
+/// `membership` is not planned here (see [`member_change`]).
 pub fn fault_plan(
     rng: &mut StdRng,
     families: &[String],
@@ -100,6 +106,7 @@ pub fn fault_plan(
     limit_ms: u64,
 ) -> Vec<PlannedFault> {
     let mut plan = Vec::new();
+    let families: Vec<&String> = families.iter().filter(|f| *f != MEMBERSHIP).collect();
     if families.is_empty() {
         return plan;
     }
@@ -240,6 +247,45 @@ pub fn partition_drops(p: &Partition, nodes: usize, isolated: usize) -> Vec<(usi
     drops
 }
 
+/// What a membership change does to the voter it picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Remove it and put a fresh node (new id) in its slot.
+    Replace,
+    /// Remove it and leave its slot vacant when every slot holds a voter;
+    /// otherwise fill the vacant slot with a fresh node.
+    Resize,
+}
+
+/// The next membership change, drawn when none is in progress.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemberChange {
+    /// Quiet time before it starts.
+    pub gap_ms: u64,
+    pub kind: ChangeKind,
+    /// The voter removed (`Follower` is not drawn).
+    pub target: Target,
+    /// SIGKILL the leader this far into the call that changes the voters
+    /// (a fraction of how long such a call took last), so the change may be
+    /// cut between its two log entries, which come at the end of the call.
+    pub kill_leader_at: Option<f64>,
+}
+
+/// 3–8 s apart; 60% replace, 40% shrink or grow; half aim at the leader;
+/// a third have the leader killed in the second half of the call.
+pub fn member_change(rng: &mut StdRng, nodes: usize) -> MemberChange {
+    MemberChange {
+        gap_ms: rng.gen_range(3_000..=8_000),
+        kind: if rng.gen_bool(0.6) {
+            ChangeKind::Replace
+        } else {
+            ChangeKind::Resize
+        },
+        target: target(rng, nodes),
+        kill_leader_at: rng.gen_bool(1.0 / 3.0).then(|| rng.gen_range(0.5..1.0)),
+    }
+}
+
 /// What a register client does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegisterChoice {
@@ -329,6 +375,41 @@ mod tests {
         }
         let c = fault_plan(&mut StdRng::seed_from_u64(8), &f, 5, 300_000);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn membership_is_never_in_the_fault_plan() {
+        let f = fams(&["kill", MEMBERSHIP]);
+        let plan = fault_plan(&mut StdRng::seed_from_u64(2), &f, 3, 120_000);
+        assert!(!plan.is_empty());
+        assert!(plan.iter().all(|p| matches!(p.fault, Fault::Kill(_))));
+        assert!(fault_plan(
+            &mut StdRng::seed_from_u64(2),
+            &fams(&[MEMBERSHIP]),
+            3,
+            120_000
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn member_changes_cover_every_kind_and_stay_in_range() {
+        let mut rng = StdRng::seed_from_u64(6);
+        let cs: Vec<_> = (0..300).map(|_| member_change(&mut rng, 3)).collect();
+        assert!(cs.iter().all(|c| (3_000..=8_000).contains(&c.gap_ms)));
+        assert!(cs
+            .iter()
+            .all(|c| c.kill_leader_at.is_none_or(|f| (0.5..1.0).contains(&f))));
+        assert!(cs.iter().all(|c| c.target != Target::Follower));
+        assert!(cs
+            .iter()
+            .all(|c| !matches!(c.target, Target::Node(i) if i >= 3)));
+        for kind in [ChangeKind::Replace, ChangeKind::Resize] {
+            assert!(cs.iter().any(|c| c.kind == kind), "{kind:?}");
+        }
+        assert!(cs.iter().any(|c| c.target == Target::Leader));
+        let killed = cs.iter().filter(|c| c.kill_leader_at.is_some()).count();
+        assert!((60..140).contains(&killed), "{killed}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod event;
 pub mod final_state;
 pub mod generator;
 pub mod history;
+pub mod membership;
 pub mod nemesis;
 pub mod net;
 pub mod recorder;

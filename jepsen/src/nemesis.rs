@@ -27,7 +27,6 @@ pub struct Nemesis {
     pub nodes: Arc<Vec<Node>>,
     pub rec: Recorder,
     pub rng: StdRng,
-    next_id: u64,
 }
 
 /// What healing a fault has to do.
@@ -55,7 +54,6 @@ impl Nemesis {
             nodes,
             rec,
             rng,
-            next_id: 1,
         }
     }
 
@@ -72,8 +70,7 @@ impl Nemesis {
             if stopped_during(&mut stop, at).await {
                 return;
             }
-            let id = self.next_id;
-            self.next_id += 1;
+            let id = self.rec.next_nemesis_id();
             let start_ms = self.rec.now_ms();
             let applied = self.start(&p.fault).await;
             let (nodes, detail, undo) = match applied {
@@ -134,13 +131,13 @@ impl Nemesis {
             Target::Node(i) => return (i % n, "random node".into()),
             _ => find_leader(&self.nodes)
                 .await
-                .and_then(|id| self.nodes.iter().position(|x| x.id == id)),
+                .and_then(|id| self.nodes.iter().position(|x| x.id() == id)),
         };
         match (t, leader) {
             (Target::Leader, Some(l)) => (l, "leader".into()),
             (Target::Follower, Some(l)) => (
                 (l + self.rng.gen_range(1..n)) % n,
-                format!("follower of {}", self.nodes[l].id),
+                format!("follower of {}", self.nodes[l].id()),
             ),
             _ => (
                 self.rng.gen_range(0..n),
@@ -169,7 +166,7 @@ impl Nemesis {
                 let n = self.nodes.len();
                 self.apply_drops(&partition_drops(&Partition::Isolate(*t), n, i))?;
                 Ok((
-                    vec![self.nodes[i].id],
+                    vec![self.nodes[i].id()],
                     format!("blackhole {why}"),
                     Undo::Network,
                 ))
@@ -179,7 +176,7 @@ impl Nemesis {
                 let (i, why) = self.resolve(*target).await;
                 self.net()?.limit_bandwidth(i, *rate_kbit)?;
                 let detail = format!("tbf {rate_kbit} kbit/s out of {why}");
-                Ok((vec![self.nodes[i].id], detail, Undo::Network))
+                Ok((vec![self.nodes[i].id()], detail, Undo::Network))
             }
             _ => self.process_fault(f).await,
         }
@@ -197,7 +194,10 @@ impl Nemesis {
             "nodes were started without libfaketime"
         );
         let (i, why) = self.resolve(target).await;
-        let hit = vec![self.nodes[i].id];
+        let Some(id) = self.cluster.id(i) else {
+            anyhow::bail!("slot {i} is vacant (its node was removed)");
+        };
+        let hit = vec![id];
         Ok(match f {
             Fault::Kill(_) => {
                 self.cluster.kill(i);
@@ -247,7 +247,7 @@ impl Nemesis {
             for i in 0..n {
                 self.net()?.drop_from(i, &all, Some(p / 2.0))?;
             }
-            let hit = self.nodes.iter().map(|x| x.id).collect();
+            let hit = self.nodes.iter().map(|x| x.id()).collect();
             return Ok((
                 hit,
                 format!("drop {} on every link", p / 2.0),
@@ -261,7 +261,7 @@ impl Nemesis {
             net.drop_from(j, &[i], Some(p))?;
         }
         Ok((
-            vec![self.nodes[i].id],
+            vec![self.nodes[i].id()],
             format!("drop {p} both ways {why}"),
             Undo::Network,
         ))
@@ -277,13 +277,13 @@ impl Nemesis {
         self.apply_drops(&drops)?;
         let pairs: Vec<String> = drops
             .iter()
-            .map(|(d, s)| format!("{}<-{}", self.nodes[*d].id, self.nodes[*s].id))
+            .map(|(d, s)| format!("{}<-{}", self.nodes[*d].id(), self.nodes[*s].id()))
             .collect();
         let hit: Vec<u64> = match p {
-            Partition::Isolate(_) | Partition::OneWay { .. } => vec![self.nodes[isolated].id],
-            Partition::Split(m) => m.iter().map(|i| self.nodes[*i].id).collect(),
+            Partition::Isolate(_) | Partition::OneWay { .. } => vec![self.nodes[isolated].id()],
+            Partition::Split(m) => m.iter().map(|i| self.nodes[*i].id()).collect(),
             Partition::MajoritiesRing(o) | Partition::Bridge(o) => {
-                o.iter().map(|i| self.nodes[*i].id).collect()
+                o.iter().map(|i| self.nodes[*i].id()).collect()
             }
         };
         Ok((
@@ -306,7 +306,8 @@ impl Nemesis {
     async fn heal(&self, undo: Undo) -> Result<()> {
         match undo {
             Undo::Network => self.net()?.heal_all(),
-            Undo::Restart(i) => self.cluster.start(i),
+            // The slot may host a new node by now, or none: start whoever lives there.
+            Undo::Restart(i) => self.cluster.restart_if_down(i).map(|_| ()),
             Undo::Resume(i) => {
                 self.cluster.signal(i, Signal::CONT);
                 Ok(())
@@ -331,15 +332,13 @@ impl Nemesis {
             if self.cluster.faketime {
                 let _ = self.cluster.set_clock_offset(i, 0);
             }
-            if !self.cluster.running(i) {
-                let _ = self.cluster.start(i);
-            }
+            let _ = self.cluster.restart_if_down(i);
         }
     }
 }
 
 /// Sleeps until `at`; true if stop was signalled first.
-async fn stopped_during(stop: &mut watch::Receiver<bool>, at: Instant) -> bool {
+pub async fn stopped_during(stop: &mut watch::Receiver<bool>, at: Instant) -> bool {
     loop {
         if *stop.borrow() {
             return true;
@@ -348,6 +347,13 @@ async fn stopped_during(stop: &mut watch::Receiver<bool>, at: Instant) -> bool {
             _ = tokio::time::sleep_until(at) => return *stop.borrow(),
             r = stop.changed() => if r.is_err() { return false },
         }
+    }
+}
+
+/// Returns once stop is signalled; never if the sender went away without.
+pub async fn until_stopped(mut stop: watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 

@@ -1,7 +1,7 @@
 //! The live history recorder: tasks send events over a bounded channel to one
 //! writer thread that appends them to `history.jsonl`, so lines are never
 //! interleaved and a slow disk applies back-pressure instead of growing memory.
-//! It also hands out operation ids and the harness clock.
+//! It also hands out operation and nemesis event ids, and the harness clock.
 
 use crate::clock::Clock;
 use crate::event::Event;
@@ -25,6 +25,7 @@ enum Msg {
 pub struct Recorder {
     tx: mpsc::Sender<Msg>,
     next_op: Arc<AtomicU64>,
+    next_nemesis: Arc<AtomicU64>,
     pub clock: Clock,
 }
 
@@ -58,6 +59,7 @@ impl Recorder {
         Ok(Recorder {
             tx,
             next_op: Arc::new(AtomicU64::new(1)),
+            next_nemesis: Arc::new(AtomicU64::new(1)),
             clock,
         })
     }
@@ -69,6 +71,11 @@ impl Recorder {
 
     pub fn next_op_id(&self) -> u64 {
         self.next_op.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Id shared by a nemesis action's `start`, `info` and `stop` events.
+    pub fn next_nemesis_id(&self) -> u64 {
+        self.next_nemesis.fetch_add(1, Ordering::Relaxed)
     }
 
     pub fn now_ms(&self) -> i64 {

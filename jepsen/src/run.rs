@@ -10,7 +10,8 @@ use crate::client::{self, Node, FAR_FUTURE_MS};
 use crate::clock::Clock;
 use crate::cluster::{Cluster, NodeSpec, FAKETIME_LIB};
 use crate::event::{Bounds, Event, FinalNode, Meta, NodeInfo, OpF, Outcome, Workload};
-use crate::generator::{fault_plan, NETWORK_FAMILIES};
+use crate::generator::{fault_plan, MEMBERSHIP, NETWORK_FAMILIES};
+use crate::membership::Membership;
 use crate::nemesis::Nemesis;
 use crate::net::{self, Net};
 use crate::recorder::Recorder;
@@ -52,6 +53,12 @@ pub struct RunConfig {
 
 /// Upper bound on a run's wall time beyond its time limit.
 pub const OVERHEAD_S: u64 = 240;
+/// Restoring one voter per slot after the faults (membership nemesis) may
+/// take this long; part of `OVERHEAD_S`.
+const RESTORE_LIMIT: Duration = Duration::from_secs(60);
+/// Salt for the membership nemesis' own random stream, so adding it leaves
+/// the fault plan of a seed unchanged.
+const MEMBERSHIP_SALT: u64 = 0x6d65_6d62;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const WORKERS: usize = 2;
 /// Timers are due at most this long after their create.
@@ -231,6 +238,15 @@ async fn drive(
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let plan = fault_plan(&mut rng, nemeses, live.nodes.len(), cfg.time_limit_s * 1000);
     println!("nemesis plan: {} faults", plan.len());
+    let membership = nemeses.iter().any(|f| f == MEMBERSHIP).then(|| {
+        let rng = StdRng::seed_from_u64(cfg.seed ^ MEMBERSHIP_SALT);
+        let mut m = Membership::new(cluster.clone(), live.nodes.clone(), live.rec.clone(), rng);
+        let stop = w.clients_rx.clone();
+        tokio::spawn(async move {
+            m.run(stop).await;
+            m
+        })
+    });
     let mut nemesis = Nemesis::new(cluster, net, live.nodes.clone(), live.rec.clone(), rng);
     let (t0, stop) = (tokio::time::Instant::now(), w.clients_rx.clone());
     let nemesis_task = tokio::spawn(async move {
@@ -242,6 +258,10 @@ async fn drive(
     let _ = w.stop_clients.send(true);
     let nemesis = nemesis_task.await?;
     nemesis.heal_everything().await;
+    if let Some(task) = membership {
+        let whole = task.await?.restore(RESTORE_LIMIT).await;
+        println!("membership restored to one voter per slot: {whole}");
+    }
     let ids = settle(cfg, id, &live, &nemesis, w).await;
     let converged = final_state::wait_converged(&live.nodes, Duration::from_secs(30)).await;
     println!("replicas converged: {converged}");
@@ -258,12 +278,14 @@ async fn start_nodes(cfg: &RunConfig, id: &str, cluster: &Cluster) -> Result<Arc
     let nodes: Vec<Node> = cluster
         .nodes
         .iter()
-        .map(|s| {
-            Ok(Node {
-                id: s.id,
-                addr: s.listen.clone(),
-                channel: client::channel(&s.listen, &cluster.security)?,
-            })
+        .enumerate()
+        .map(|(slot, s)| {
+            Ok(Node::new(
+                slot,
+                s.id,
+                s.listen.clone(),
+                client::channel(&s.listen, &cluster.security)?,
+            ))
         })
         .collect::<Result<_>>()?;
     let addrs: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
@@ -399,7 +421,7 @@ fn meta(
         nodes: nodes
             .iter()
             .map(|n| NodeInfo {
-                id: n.id,
+                id: n.id(),
                 addr: n.addr.clone(),
             })
             .collect(),
@@ -427,7 +449,13 @@ async fn probe(ctx: &Ctx, run_id: &str) -> String {
     let key = format!("probe-{run_id}");
     for attempt in 0..10u64 {
         let node = ctx.node(attempt as usize).clone();
-        let inv = invocation(9_000 + attempt, node.id, Workload::Probe, OpF::Create, &key);
+        let inv = invocation(
+            9_000 + attempt,
+            node.id(),
+            Workload::Probe,
+            OpF::Create,
+            &key,
+        );
         let spec = client::spec(&key, Kind::AtMs(FAR_FUTURE_MS), Vec::new(), "jepsen-probe");
         let t = ctx.op_timeout;
         let c = execute(ctx, inv, async {
@@ -449,7 +477,7 @@ async fn quiesce(ctx: &Ctx, ids: &[String]) {
             let node = ctx.node(k + attempt as usize).clone();
             let inv = invocation(
                 9_100 + k as u64 * QUIESCE_ATTEMPTS + attempt,
-                node.id,
+                node.id(),
                 Workload::Quiesce,
                 OpF::Pause,
                 id,

@@ -52,61 +52,7 @@ async fn readyz(State(node): State<Arc<Node>>) -> impl IntoResponse {
 }
 
 fn render_metrics(node: &Node) -> String {
-    let m = node.raft.metrics().borrow().clone();
-    let mut s = String::new();
-    let is_leader = (m.current_leader == Some(node.id)) as u8;
-    let _ = writeln!(
-        s,
-        "# TYPE kairos_is_leader gauge\nkairos_is_leader {is_leader}"
-    );
-    let _ = writeln!(
-        s,
-        "# TYPE kairos_term gauge\nkairos_term {}",
-        m.current_term
-    );
-    let applied = m.last_applied.map(|l| l.index).unwrap_or(0);
-    let _ = writeln!(
-        s,
-        "# TYPE kairos_applied_index gauge\nkairos_applied_index {applied}"
-    );
-    let first_log = node.log.first_index().unwrap_or(0);
-    let _ = writeln!(
-        s,
-        "# TYPE kairos_log_first_index gauge\nkairos_log_first_index {first_log}"
-    );
-    let last_log = m.last_log_index.unwrap_or(0);
-    let _ = writeln!(
-        s,
-        "# TYPE kairos_last_log_index gauge\nkairos_last_log_index {last_log}"
-    );
-    let _ = writeln!(
-        s,
-        "# TYPE kairos_cluster_time_offset_ms gauge\nkairos_cluster_time_offset_ms {}",
-        node.clock.offset_ms()
-    );
-    let _ = writeln!(s, "# TYPE kairos_clock_skew_ms gauge");
-    for (peer, off) in node.clock.peer_offsets() {
-        let _ = writeln!(s, "kairos_clock_skew_ms{{peer=\"{peer}\"}} {off}");
-    }
-    let (writes, write_bytes) = node.admission.load();
-    let _ = writeln!(
-        s,
-        "# TYPE kairos_admitted_writes gauge\nkairos_admitted_writes {writes}\n\
-         # TYPE kairos_admitted_write_bytes gauge\nkairos_admitted_write_bytes {write_bytes}\n\
-         # TYPE kairos_admitted_writes_limit gauge\nkairos_admitted_writes_limit {}\n\
-         # TYPE kairos_refused_writes_total counter\nkairos_refused_writes_total {}\n\
-         # TYPE kairos_state_writes_total counter\nkairos_state_writes_total {}",
-        node.admission.limit(),
-        node.admission.refused_total(),
-        node.sm.writes_total()
-    );
-    let _ = writeln!(s, "# TYPE kairos_queue_depth gauge\n# TYPE kairos_workers gauge\n# TYPE kairos_in_flight gauge");
-    for (g, st) in node.dispatcher.stats() {
-        let _ = writeln!(s, "kairos_queue_depth{{group=\"{g}\"}} {}", st.queued);
-        let _ = writeln!(s, "kairos_workers{{group=\"{g}\"}} {}", st.workers);
-        let _ = writeln!(s, "kairos_in_flight{{group=\"{g}\"}} {}", st.in_flight);
-    }
-    s
+    node.metrics.render(node)
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {

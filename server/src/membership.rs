@@ -5,19 +5,27 @@
 //! Refused (the reason named): a change that would leave fewer than a quorum
 //! of reachable voters, a change while another is in progress (the last
 //! membership entry is not committed, or is a joint configuration), removing
-//! the last voter, promoting a node that is not a learner.
+//! the last voter, promoting a node that is not a learner. Removing the
+//! leader's own node hands leadership over first (`handover`) and answers
+//! with a redirect; the new leader removes it, without waiting for an election. A change holds the
+//! handover gate shared, like a proposal, so a handover never races one.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
 
+use crate::handover::{self, HandoverError};
 use crate::node::Node;
 use crate::raft::NodeId;
 
 /// How long a voter may take to answer before it counts as unreachable.
 const REACH_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// How often a leader looks for a joint configuration nobody is finishing.
+const INTERRUPTED_CHECK: Duration = Duration::from_secs(1);
 
 /// Why a change was not made.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +51,7 @@ fn refused(msg: impl Into<String>) -> MembershipError {
 }
 
 /// The current membership, refusing if a change is still in progress.
-fn settled(node: &Node) -> Result<Members, MembershipError> {
+pub(crate) fn settled(node: &Node) -> Result<Members, MembershipError> {
     let m = node.raft.metrics().borrow().clone();
     if m.current_leader != Some(node.id) {
         return Err(MembershipError::NotLeader {
@@ -152,6 +160,7 @@ pub async fn add_learner(
             "node {id} is already a learner at {addr}; remove it first to move it"
         )));
     }
+    let _open = node.handover_gate.read().await;
     node.raft
         .add_learner(id, BasicNode::new(peer_addr), false)
         .await
@@ -173,6 +182,7 @@ pub async fn promote(node: &Node, id: NodeId) -> Result<Members, MembershipError
     let mut after = now.voters.clone();
     after.insert(id);
     require_quorum(node, &after, &format!("promoting node {id}")).await?;
+    let _open = node.handover_gate.read().await;
     node.raft
         .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
         .await
@@ -184,6 +194,7 @@ pub async fn promote(node: &Node, id: NodeId) -> Result<Members, MembershipError
 pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError> {
     let now = settled(node)?;
     if now.learners.contains(&id) {
+        let _open = node.handover_gate.read().await;
         node.raft
             .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
             .await
@@ -199,9 +210,72 @@ pub async fn remove(node: &Node, id: NodeId) -> Result<Members, MembershipError>
     let mut after = now.voters.clone();
     after.remove(&id);
     require_quorum(node, &after, &format!("removing node {id}")).await?;
+    if id == node.id {
+        // A redirect: the caller retries at the new leader, which removes
+        // this node (and the caller talks to a member from then on).
+        let h = handover::transfer_leader(node, None)
+            .await
+            .map_err(|e| match e {
+                HandoverError::NotLeader { leader } => MembershipError::NotLeader { leader },
+                e => refused(format!(
+                    "removing the leader: handing leadership over first failed: {e}"
+                )),
+            })?;
+        tracing::info!(leader = h.leader, "handed leadership over to be removed");
+        return Err(MembershipError::NotLeader {
+            leader: node.leader(),
+        });
+    }
+    let _open = node.handover_gate.read().await;
     node.raft
         .change_membership(ChangeMembers::RemoveVoters([id].into()), false)
         .await
         .map_err(raft_error)?;
     Ok(members_now(node))
+}
+
+/// Finishes a membership change its leader did not live to finish.
+///
+/// openraft moves a change through a joint configuration in two log entries,
+/// both proposed by the leader that took the request. If that leader dies
+/// between them, the next leader inherits a committed joint configuration
+/// that nothing drives on, and every later change would be refused as "in
+/// progress". So the leader checks once per [`INTERRUPTED_CHECK`]: a
+/// committed joint configuration seen at two checks in a row (a live change
+/// finishes its second step within milliseconds) is moved to its target
+/// voters.
+pub async fn finish_interrupted(node: Arc<Node>) {
+    let mut seen: Option<u64> = None;
+    loop {
+        tokio::time::sleep(INTERRUPTED_CHECK).await;
+        let m = node.raft.metrics().borrow().clone();
+        let stored = &m.membership_config;
+        let joint = stored.membership().get_joint_config();
+        let index = stored.log_id().map(|l| l.index);
+        let committed = m.last_applied.map(|l| l.index) >= index;
+        let stuck = m.current_leader == Some(node.id) && joint.len() > 1 && committed;
+        if !stuck {
+            seen = None;
+            continue;
+        }
+        if seen != index {
+            seen = index;
+            continue;
+        }
+        let target = joint.last().cloned().unwrap_or_default();
+        tracing::warn!(
+            ?joint,
+            ?target,
+            "finishing a membership change interrupted by a leader change"
+        );
+        match node
+            .raft
+            .change_membership(ChangeMembers::ReplaceAllVoters(target), false)
+            .await
+        {
+            Ok(_) => tracing::info!("interrupted membership change finished"),
+            Err(e) => tracing::warn!("finishing the interrupted membership change: {e}"),
+        }
+        seen = None;
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_proto::peer::{Empty, LocalStatusResponse};
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -21,7 +21,7 @@ use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::{limits, Command, CommandError, FinishReport, Response};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::network::{self, Dialer, PeerRpc};
-use crate::raft::{NodeId, Raft};
+use crate::raft::{LogId, NodeId, Raft};
 use crate::store::{self, LogStore, StateMachine};
 use crate::tls::NodeTls;
 
@@ -213,6 +213,13 @@ pub struct Node {
     pub dialer: Dialer,
     /// Public calls need a token (`--auth-token-file`).
     pub auth_required: bool,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Held shared by everything that makes the leader send AppendEntries
+    /// besides heartbeats (proposals, membership changes, read indexes);
+    /// exclusively by a leadership handover, so no entry is appended (and no
+    /// follower's lease renewed) while the next leader catches up and is
+    /// elected (see `handover`).
+    pub(crate) handover_gate: tokio::sync::RwLock<()>,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -221,7 +228,11 @@ const BATCH_QUEUE: usize = 65_536;
 
 impl Node {
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
-        let res = tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(cmd)).await;
+        let write = async {
+            let _open = self.handover_gate.read().await;
+            self.raft.client_write(cmd.into()).await
+        };
+        let res = tokio::time::timeout(PROPOSE_TIMEOUT, write).await;
         match res {
             Err(_) => Err(ProposeError::Timeout),
             Ok(Ok(r)) => Ok(r.data),
@@ -232,6 +243,28 @@ impl Node {
             }
             Ok(Err(e)) => Err(ProposeError::Raft(e.to_string())),
         }
+    }
+
+    /// A read index (openraft's `ensure_linearizable`: AppendEntries to a
+    /// quorum), behind the handover gate.
+    pub async fn ensure_linearizable(
+        &self,
+    ) -> Result<Option<LogId>, RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>> {
+        let _open = self.handover_gate.read().await;
+        self.raft.ensure_linearizable().await
+    }
+
+    /// Confirms with a quorum that this node is still the leader, without
+    /// waiting for apply (a backlog is not a lost quorum); held, like reads,
+    /// while a handover is under way.
+    pub async fn confirm_leadership(
+        &self,
+    ) -> Result<
+        (Option<LogId>, Option<LogId>),
+        RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>,
+    > {
+        let _open = self.handover_gate.read().await;
+        self.raft.get_read_log_id().await
     }
 
     /// Proposes a client command, grouped with others that arrive meanwhile
@@ -319,6 +352,12 @@ impl Node {
     }
 
     /// Voters of the current membership with their peer addresses.
+    /// Is the membership a joint configuration (a change between its steps)?
+    pub fn membership_changing(&self) -> bool {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().get_joint_config().len() > 1
+    }
+
     pub fn voters(&self) -> Vec<(NodeId, String)> {
         let m = self.raft.metrics().borrow().membership_config.clone();
         let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
@@ -463,6 +502,9 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
     let mut carry = None;
     let size = |h: &Handed| h.run.job.len() + h.worker.len() + 32;
     while let Some(batch) = next_batch(&mut rx, &mut carry, limits::FINISH_BATCH_MAX, size).await {
+        for h in &batch {
+            node.metrics.dispatched(h.waited);
+        }
         let assignments = batch
             .into_iter()
             .map(|h| (h.run, h.attempt, h.worker))
@@ -621,6 +663,10 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
     if node.raft.is_initialized().await.unwrap_or(true) || peers.keys().next() != Some(&node.id) {
         return;
     }
+    // Fresh nodes hold the same state: nothing, or one backup restored into
+    // each (`kairos restore`), which no log carries to the others.
+    let (_, ours) = node.sm.digest().await;
+    let mut warned = std::collections::BTreeSet::new();
     loop {
         let mut all = true;
         for (id, addr) in peers.iter().filter(|(id, _)| **id != node.id) {
@@ -636,6 +682,19 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
                         "peer already belongs to a cluster; not bootstrapping"
                     );
                     return;
+                }
+                Ok(s) if s.get_ref().state_digest != ours => {
+                    all = false;
+                    if !warned.insert(*id) {
+                        continue;
+                    }
+                    tracing::error!(
+                        peer = id,
+                        peer_digest = %s.get_ref().state_digest,
+                        our_digest = %ours,
+                        "not bootstrapping: this fresh node and peer {id} hold different state; \
+                         prepare every node from the same backup (kairos restore) or start all empty"
+                    );
                 }
                 Ok(_) => {}
                 Err(_) => all = false,
@@ -747,7 +806,13 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let (log, sm) = store::open(&config.data_dir, config.cache_bytes, Default::default())?;
+    tracing::info!(id = config.id, data_dir = %config.data_dir.display(), "opening the store");
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let sm_opts = store::sm::Options {
+        metrics: metrics.clone(),
+        ..Default::default()
+    };
+    let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
     let raft_config = Arc::new(config.raft_config()?);
     let dialer = Dialer {
         self_id: config.id,
@@ -761,6 +826,7 @@ pub async fn run(
         sm.clone(),
     )
     .await?;
+    tracing::info!("store open, raft started");
     let (assign_tx, assign_rx) = mpsc::channel(BATCH_QUEUE);
     let (finish_tx, finish_rx) = mpsc::channel(BATCH_QUEUE);
     let (proposal_tx, proposal_rx) = mpsc::channel(config.admission.max_commands);
@@ -780,6 +846,8 @@ pub async fn run(
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),
+        metrics,
+        handover_gate: tokio::sync::RwLock::new(()),
     });
     let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
@@ -788,6 +856,7 @@ pub async fn run(
         tokio::spawn(sample_apply(node.clone())),
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
+        tokio::spawn(crate::membership::finish_interrupted(node.clone())),
     ];
     if config.join.is_empty() {
         tasks.push(tokio::spawn(bootstrap(node.clone(), config.peers.clone())));
@@ -805,8 +874,11 @@ pub async fn run(
         tasks.push(tokio::spawn(bootstrap_admin(node.clone(), hash)));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopping = node.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // Still serving: the next leader needs this node's votes and log.
+        crate::handover::before_stop(&stopping).await;
         let _ = stop_tx.send(true);
     });
     let http_task = http.map(|l| {

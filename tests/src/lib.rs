@@ -308,6 +308,12 @@ impl Cluster {
         None
     }
 
+    /// Has node `id`'s process exited (crashed) on its own?
+    pub fn exited(&mut self, id: u64) -> bool {
+        let c = self.node_mut(id).child.as_mut();
+        c.is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+    }
+
     /// SIGKILL: no shutdown path runs.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut c) = self.node_mut(id).child.take() {
@@ -339,6 +345,18 @@ impl Cluster {
         Client::new([self.node(id).addr.clone()])
             .with_retry_for(Duration::from_secs(1))
             .with_security(self.security.clone())
+    }
+
+    /// Runs `kairosctl` against this cluster's endpoints: whether it
+    /// succeeded, and its stdout followed by its stderr.
+    pub fn kairosctl(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(kairosctl_bin())
+            .arg("--endpoints")
+            .arg(self.endpoints().join(","))
+            .args(args)
+            .output()
+            .expect("run kairosctl");
+        outcome(&out)
     }
 
     /// Waits until a leader is elected and every live node reports it; returns its id.
@@ -426,13 +444,43 @@ fn process_state(child: Option<&mut Child>) -> String {
                 .map(|(_, r)| r.trim().to_string())
                 .unwrap_or_default();
             format!(
-                "pid {} alive, /proc stat: {}",
+                "pid {} alive, /proc stat: {}; threads: {}",
                 c.id(),
-                state.chars().take(60).collect::<String>()
+                state.chars().take(60).collect::<String>(),
+                thread_waits(c.id())
             )
         }
         Err(e) => format!("unknown: {e}"),
     }
+}
+
+/// Each thread of `pid` as `name:wchan` (where in the kernel it sleeps:
+/// `futex_wait_queue` is a lock or condvar, `do_epoll_wait` an idle runtime).
+fn thread_waits(pid: u32) -> String {
+    let dir = format!("/proc/{pid}/task");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let t = e.path();
+        let read = |f: &str| {
+            std::fs::read_to_string(t.join(f))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        out.push(format!("{}:{}", read("comm"), read("wchan")));
+    }
+    out.join(" ")
+}
+
+/// A finished command's outcome: whether it succeeded, and its stdout
+/// followed by its stderr.
+pub fn outcome(out: &std::process::Output) -> (bool, String) {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }
 
 /// Polls `f` until it returns Some, or panics after `timeout` naming `what`.

@@ -29,6 +29,7 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
                 Kind::Cron(pb::Cron {
                     expr: "61 * * * *".into(),
                     tz: String::new(),
+                    ..Default::default()
                 }),
             ),
             Code::InvalidArgument,
@@ -40,6 +41,7 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
                 Kind::Cron(pb::Cron {
                     expr: "* * * *".into(),
                     tz: String::new(),
+                    ..Default::default()
                 }),
             ),
             Code::InvalidArgument,
@@ -51,10 +53,46 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
                 Kind::Cron(pb::Cron {
                     expr: "0 * * * *".into(),
                     tz: "Mars/Olympus".into(),
+                    ..Default::default()
                 }),
             ),
             Code::InvalidArgument,
             "Mars/Olympus",
+        ),
+        (
+            with_schedule(
+                "quartz-unnamed",
+                Kind::Cron(pb::Cron {
+                    expr: "0 15 10 ? * 6L".into(),
+                    ..Default::default()
+                }),
+            ),
+            Code::InvalidArgument,
+            "schedule.cron.dialect: the expression has a '?' day field",
+        ),
+        (
+            with_schedule(
+                "bad-dialect",
+                Kind::Cron(pb::Cron {
+                    expr: "0 0 * * *".into(),
+                    dialect: "spring".into(),
+                    ..Default::default()
+                }),
+            ),
+            Code::InvalidArgument,
+            "schedule.cron.dialect: must be",
+        ),
+        (
+            with_schedule(
+                "quartz-no-question-mark",
+                Kind::Cron(pb::Cron {
+                    expr: "0 15 10 * * 6".into(),
+                    dialect: "quartz".into(),
+                    ..Default::default()
+                }),
+            ),
+            Code::InvalidArgument,
+            "exactly one of day-of-month and day-of-week must be '?'",
         ),
         (
             with_schedule("zero", Kind::EveryMs(0)),
@@ -240,6 +278,7 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
             kind: Some(pb::schedule::Kind::Cron(pb::Cron {
                 expr: "0 0 * * 5#3".into(),
                 tz: "Europe/Berlin".into(),
+                ..Default::default()
             })),
         }),
         count: 3,
@@ -253,6 +292,30 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
         .unwrap();
     assert_eq!(p.fire_at_ms.len(), 3);
     assert!(p.fire_at_ms.windows(2).all(|w| w[0] < w[1]));
+
+    // A Quartz job: stored with its dialect, fire times read as Quartz reads
+    // them (6L = the last Friday, 10:15 UTC).
+    let last_friday = with_schedule(
+        "last-friday",
+        pb::schedule::Kind::Cron(pb::Cron {
+            expr: "0 15 10 ? * 6L".into(),
+            dialect: "quartz".into(),
+            ..Default::default()
+        }),
+    );
+    let job = create(&c, last_friday).await.unwrap();
+    let Some(pb::schedule::Kind::Cron(cron)) = job.spec.unwrap().schedule.unwrap().kind else {
+        panic!("not a cron schedule");
+    };
+    assert_eq!(cron.dialect, "quartz");
+    let next = chrono::DateTime::from_timestamp_millis(job.next_fire_at_ms).unwrap();
+    use chrono::{Datelike, Timelike};
+    assert_eq!(next.weekday(), chrono::Weekday::Fri, "{next}");
+    assert!(
+        next.day() + 7 > days_in_month(next.year(), next.month()),
+        "{next}"
+    );
+    assert_eq!((next.hour(), next.minute()), (10, 15));
     for i in 0..25 {
         create(&c, every_job(&format!("p{i:02}"), "g", 3_600_000))
             .await
@@ -278,7 +341,7 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
         }
         token = page.next_page_token;
     }
-    assert_eq!(ids.len(), 26);
+    assert_eq!(ids.len(), 27); // j, last-friday and p00..p24
     let err = c
         .jobs(|mut j| async move {
             j.list_jobs(pb::ListJobsRequest {
@@ -290,4 +353,15 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
         .await
         .unwrap_err();
     assert!(err.message().contains("page_size"));
+}
+
+fn days_in_month(year: i32, month: u32) -> u32 {
+    use chrono::Datelike;
+    let (y, m) = if month == 12 {
+        (year + 1, 1)
+    } else {
+        (year, month + 1)
+    };
+    let first_next = chrono::NaiveDate::from_ymd_opt(y, m, 1).unwrap();
+    first_next.pred_opt().unwrap().day()
 }

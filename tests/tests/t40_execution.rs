@@ -83,6 +83,16 @@ async fn retries_until_success_and_fails_after_max_attempts() {
     assert!(always.error.contains("boom on attempt 3"), "{always:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 6);
     handle.abort();
+
+    // The node's metrics saw it: two fires of group "flaky" (first attempts
+    // only), their lateness, six hand-offs to the worker, applies.
+    let m = |name: &str| cluster.metric(1, name).unwrap_or(-1.0);
+    assert_eq!(m("kairos_fires_total{group=\"flaky\"}"), 2.0);
+    assert_eq!(m("kairos_fire_lateness_seconds_count"), 2.0);
+    assert_eq!(m("kairos_dispatch_latency_seconds_count"), 6.0);
+    assert!(m("kairos_apply_seconds_count") >= 1.0);
+    assert_eq!(m("kairos_raft_is_leader"), 1.0);
+    assert!(m("kairos_raft_applied_index") >= 1.0);
 }
 
 /// A worker that holds attempt 1 of every run far past its deadline and

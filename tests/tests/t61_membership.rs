@@ -3,7 +3,8 @@
 //! run twice: the second run finds every step done); the cluster grows to 5
 //! and shrinks back to 3, the leader's own node included. Unsafe changes are
 //! refused with the reason named. Afterwards every scheduled time appears
-//! exactly once, 200 ms apart, and all voters' digests are equal.
+//! exactly once, 200 ms apart, and all voters' digests are equal. A change
+//! cut between its two steps by crashes is finished by the next leader.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -77,8 +78,9 @@ async fn settle(cluster: &Cluster, c: &Client, voters: &[u64]) {
         &format!("voters {want:?}"),
         Duration::from_secs(60),
         || async {
+            let s = c.status().await.ok()?;
             let (v, l) = members(c).await;
-            (v == want && l.is_empty()).then_some(())
+            (v == want && l.is_empty() && !s.membership_changing).then_some(())
         },
     )
     .await;
@@ -89,6 +91,20 @@ async fn settle(cluster: &Cluster, c: &Client, voters: &[u64]) {
         nodes.iter().all(|n| &n.state_digest == digest),
         "digests differ: {nodes:?}"
     );
+}
+
+/// Waits until learner `id` has caught up with the leader.
+async fn caught_up(c: &Client, id: u64) {
+    wait_for(
+        &format!("node {id} to catch up"),
+        Duration::from_secs(60),
+        || async {
+            let s = c.status().await.ok()?;
+            let n = s.nodes.iter().find(|n| n.id == id)?;
+            (n.applied_index > 0 && n.lag < 100 && n.role != "unreachable").then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,16 +145,7 @@ async fn replace_grow_and_shrink_while_a_job_fires() {
         let peer = cluster.add_joining_node(id);
         let c = cluster.client();
         add_learner(&c, id, &peer).await.unwrap();
-        wait_for(
-            &format!("node {id} to catch up"),
-            Duration::from_secs(60),
-            || async {
-                let s = c.status().await.ok()?;
-                let n = s.nodes.iter().find(|n| n.id == id)?;
-                (n.applied_index > 0 && n.lag < 100 && n.role != "unreachable").then_some(())
-            },
-        )
-        .await;
+        caught_up(&c, id).await;
         promote(&c, id).await.unwrap();
     }
     // Clients from here on know the new nodes' addresses too.
@@ -185,4 +192,80 @@ async fn replace_grow_and_shrink_while_a_job_fires() {
     let e = remove(&c, left[0]).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("last voter"), "{e:?}");
+}
+
+/// Promoting node 4 while every old voter runs with the `crash-on-joint`
+/// failpoint: a node SIGKILLs itself the moment it applies the joint
+/// configuration, so the leader dies between the change's two steps (and
+/// each later leader too, as it applies the entry). Crashed nodes restart
+/// from their data without the failpoint; the leader that finally survives
+/// must finish the change on its own, with no fire lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_between_the_two_steps_of_a_change() {
+    let mut cluster = Cluster::start_each(3, &[], &|n| {
+        n.env
+            .push(("KAIROS_FAILPOINT".into(), "crash-on-joint".into()));
+    });
+    cluster.wait_leader().await;
+    let c = cluster.client();
+    create(&c, every_job("tick", "none", 200)).await.unwrap();
+    let peer4 = cluster.add_joining_node(4);
+    add_learner(&c, 4, &peer4).await.unwrap();
+    caught_up(&c, 4).await;
+
+    // The call itself may fail or be answered by a later leader: its outcome
+    // is whatever the cluster ends with, checked below.
+    let promoting = tokio::spawn({
+        let c = c.clone();
+        async move { promote(&c, 4).await }
+    });
+    wait_for(
+        "the leader to crash mid-change",
+        Duration::from_secs(60),
+        || {
+            let crashed = (1..=3).any(|id| cluster.exited(id));
+            async move { crashed.then_some(()) }
+        },
+    )
+    .await;
+
+    let c = cluster.client();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    // Every old voter applies the joint entry once, so each crashes once.
+    let mut restarted = BTreeSet::new();
+    loop {
+        for id in 1..=3 {
+            if cluster.exited(id) {
+                assert!(restarted.insert(id), "node {id} crashed twice");
+                cluster.node_mut(id).env.clear();
+                cluster.start_node(id);
+            }
+        }
+        if restarted.len() == 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every old voter crashed at the joint entry (restarted: {restarted:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = promoting.await;
+    settle(&cluster, &c, &[1, 2, 3, 4]).await;
+
+    // Another change is accepted now: the interrupted one is not "in progress".
+    remove(&c, 4).await.unwrap();
+    settle(&cluster, &c, &[1, 2, 3]).await;
+
+    let before = c.list_runs("tick", 100_000).await.unwrap().len();
+    wait_for(
+        "fires after the changes",
+        Duration::from_secs(30),
+        || async {
+            let n = c.list_runs("tick", 100_000).await.ok()?.len();
+            (n >= before + 5).then_some(())
+        },
+    )
+    .await;
+    assert_no_gap_no_double(&c.list_runs("tick", 100_000).await.unwrap(), 200);
 }

@@ -4,6 +4,9 @@
 //! refused by a new cluster B and write nothing; the good file restores A's
 //! jobs, runs and timers into B, the restored interval job fires on in B
 //! with no gap or double, B's voters agree, and a second restore is refused.
+//! Offline (`kairos restore`), the same file prepares the data directories
+//! of cluster C before it starts (damaged copies and non-empty directories
+//! are refused and leave nothing behind), and C fires on from the backup.
 
 use std::path::Path;
 use std::process::Command;
@@ -11,22 +14,20 @@ use std::time::Duration;
 
 use kairos_client::{pb, Client};
 use kairos_tests::{
-    assert_no_gap_no_double, create, every_job, kairos_bin, kairosctl_bin, wait_for, Cluster,
+    assert_no_gap_no_double, create, every_job, kairos_bin, outcome, wait_for, Cluster,
 };
 
-fn kairosctl(cluster: &Cluster, args: &[&str]) -> (bool, String) {
-    let out = Command::new(kairosctl_bin())
-        .arg("--endpoints")
-        .arg(cluster.endpoints().join(","))
-        .args(args)
+/// `kairos restore --from FILE --data-dir DIR`: (success, output).
+fn kairos_restore(file: &Path, data_dir: &Path) -> (bool, String) {
+    let out = Command::new(kairos_bin())
+        .arg("restore")
+        .arg("--from")
+        .arg(file)
+        .arg("--data-dir")
+        .arg(data_dir)
         .output()
-        .expect("run kairosctl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+        .expect("run kairos restore");
+    outcome(&out)
 }
 
 async fn job_ids(c: &Client) -> Vec<String> {
@@ -68,7 +69,7 @@ async fn a_backup_restores_into_a_new_cluster_and_damaged_ones_are_refused() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backup.snap");
-    let (ok, text) = kairosctl(&a, &["snapshot", "save", file.to_str().unwrap()]);
+    let (ok, text) = a.kairosctl(&["snapshot", "save", file.to_str().unwrap()]);
     assert!(ok, "{text}");
     let in_backup = ca.list_runs("tick", 100_000).await.unwrap().len();
     let inspect = Command::new(kairos_bin())
@@ -88,13 +89,13 @@ async fn a_backup_restores_into_a_new_cluster_and_damaged_ones_are_refused() {
     b.wait_leader().await;
     let cb = b.client();
     for (bad, what) in damaged_copies(&file, dir.path()) {
-        let (ok, text) = kairosctl(&b, &["snapshot", "restore", bad.to_str().unwrap()]);
+        let (ok, text) = b.kairosctl(&["snapshot", "restore", bad.to_str().unwrap()]);
         assert!(!ok, "{what} copy was restored: {text}");
         assert!(text.contains("backup file"), "{what}: {text}");
         assert!(job_ids(&cb).await.is_empty(), "{what} copy wrote something");
     }
 
-    let (ok, text) = kairosctl(&b, &["snapshot", "restore", file.to_str().unwrap()]);
+    let (ok, text) = b.kairosctl(&["snapshot", "restore", file.to_str().unwrap()]);
     assert!(ok, "{text}");
     assert_eq!(
         job_ids(&cb).await,
@@ -120,6 +121,65 @@ async fn a_backup_restores_into_a_new_cluster_and_damaged_ones_are_refused() {
             .all(|n| n.state_digest == nodes[0].state_digest),
         "{nodes:?}"
     );
-    let (ok, text) = kairosctl(&b, &["snapshot", "restore", file.to_str().unwrap()]);
+    let (ok, text) = b.kairosctl(&["snapshot", "restore", file.to_str().unwrap()]);
     assert!(!ok && text.contains("already holds jobs"), "{text}");
+    drop(b);
+
+    // Offline into cluster C: damaged files write nothing.
+    let scratch = dir.path().join("scratch");
+    for (bad, what) in damaged_copies(&file, dir.path()) {
+        let (ok, text) = kairos_restore(&bad, &scratch);
+        assert!(!ok && text.contains("backup file"), "{what}: {text}");
+        assert!(!scratch.exists(), "{what} copy left a data directory");
+    }
+    let c = Cluster::start_each(3, &[], &|n| {
+        let (ok, text) = kairos_restore(&file, &n.data);
+        assert!(ok && text.contains("records restored"), "{text}");
+        let (ok, text) = kairos_restore(&file, &n.data);
+        assert!(!ok && text.contains("not empty"), "{text}");
+    });
+    c.wait_leader().await;
+    let cc = c.client();
+    assert_eq!(
+        job_ids(&cc).await,
+        vec!["hourly".to_string(), "tick".to_string()]
+    );
+    let restored = cc.list_runs("tick", 100_000).await.unwrap().len();
+    assert!(restored >= 10, "runs of the backup: {restored}");
+    wait_for("tick to fire on in C", Duration::from_secs(30), || async {
+        let n = cc.list_runs("tick", 100_000).await.ok()?.len();
+        (n >= restored + 10).then_some(())
+    })
+    .await;
+    assert_no_gap_no_double(&cc.list_runs("tick", 100_000).await.unwrap(), 200);
+    let via = c.wait_leader().await;
+    let nodes = c.wait_converged(via, &[1, 2, 3]).await;
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.state_digest == nodes[0].state_digest),
+        "{nodes:?}"
+    );
+    drop(c);
+
+    // Cluster D with node 3 left empty: node 1 does not bootstrap a cluster
+    // whose fresh members hold different state.
+    let d = Cluster::start_each(3, &[], &|n| {
+        if n.id != 3 {
+            let (ok, text) = kairos_restore(&file, &n.data);
+            assert!(ok, "{text}");
+        }
+    });
+    let log = d.node(1).data.with_extension("log");
+    wait_for(
+        "node 1 to refuse bootstrapping",
+        Duration::from_secs(30),
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            async move { text.contains("hold different state").then_some(()) }
+        },
+    )
+    .await;
+    let s = d.client_of(1).status().await.unwrap();
+    assert_eq!(s.leader, 0, "a leader was elected: {s:?}");
 }

@@ -177,7 +177,13 @@ fn check_job(runs: &[pb::Run], every: i64, w: (i64, i64)) -> Check {
     ch
 }
 
-async fn verify_history(r: &mut Report, c: &Client, jobs: Vec<String>, every: i64, w: (i64, i64)) {
+pub(super) async fn verify_history(
+    r: &mut Report,
+    c: &Client,
+    jobs: Vec<String>,
+    every: i64,
+    w: (i64, i64),
+) {
     let mut total = Check::default();
     let mut errors = 0u64;
     for (job, runs) in load::runs_of(c, jobs, RUNS_PER_JOB_MAX, 8).await {

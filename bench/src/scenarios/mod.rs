@@ -5,13 +5,14 @@
 
 mod failover;
 mod overload;
+mod rolling;
 mod seed;
 mod throughput;
 mod timers;
 
 use std::time::Duration;
 
-use crate::cluster::{LocalCluster, NODES};
+use crate::cluster::LocalCluster;
 use crate::load::Rec;
 use crate::procfs::{self, ProcSample};
 use crate::stats::{summarize, Report};
@@ -32,10 +33,11 @@ impl Target {
             });
         }
         eprintln!(
-            "starting a local {NODES}-node cluster from {}",
+            "starting a local {}-node cluster from {}",
+            o.nodes,
             o.bin.display()
         );
-        let c = LocalCluster::start(&o.bin, o.node_args.clone(), o.keep_data).await?;
+        let c = LocalCluster::start(&o.bin, o.nodes, o.node_args.clone(), o.keep_data).await?;
         Ok(Target {
             endpoints: c.endpoints(),
             local: Some(c),
@@ -55,7 +57,7 @@ impl Target {
         let Some(c) = &self.local else {
             return Vec::new();
         };
-        (1..=NODES)
+        (1..=c.size())
             .filter_map(|id| Some((id, procfs::sample(c.pid(id)?)?)))
             .collect()
     }
@@ -66,7 +68,7 @@ impl Target {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for id in 1..=NODES {
+        for id in 1..=c.size() {
             let Ok(http) = c.http(id) else { continue };
             if let Some(v) = crate::cluster::http_metric(&http, name).await {
                 out.push((id, v));
@@ -85,7 +87,7 @@ impl Target {
         let Some(c) = &self.local else {
             return Vec::new();
         };
-        (1..=NODES)
+        (1..=c.size())
             .filter_map(|id| Some((id, procfs::dir_bytes(&c.data_dir(id).ok()?))))
             .collect()
     }
@@ -126,9 +128,14 @@ pub fn report_writes(r: &mut Report, before: &[(u64, f64)], after: &[(u64, f64)]
 /// `fire_delay_ms_*` (scheduled to fired_at, the Fire command's cluster time)
 /// and `dispatch_ms_*` (fired_at to worker receipt).
 pub fn report_lateness(r: &mut Report, recs: &[&Rec]) {
+    report_lateness_as(r, "", recs)
+}
+
+/// [`report_lateness`] with every field name starting with `prefix`.
+pub fn report_lateness_as(r: &mut Report, prefix: &str, recs: &[&Rec]) {
     let first: Vec<&&Rec> = recs.iter().filter(|x| x.attempt <= 1).collect();
     let mut late: Vec<i64> = first.iter().map(|x| x.lateness_ms()).collect();
-    r.summary("lateness_ms", summarize(&mut late));
+    r.summary(&format!("{prefix}lateness_ms"), summarize(&mut late));
     let mut fire: Vec<i64> = (first.iter())
         .map(|x| x.fired_at_ms - x.scheduled_at_ms)
         .collect();
@@ -137,9 +144,18 @@ pub fn report_lateness(r: &mut Report, recs: &[&Rec]) {
         .collect();
     let (f, d) = (summarize(&mut fire), summarize(&mut dispatch));
     for (name, s) in [("fire_delay_ms", f), ("dispatch_ms", d)] {
-        r.set(&format!("{name}_p50"), serde_json::json!(s.map(|s| s.p50)));
-        r.set(&format!("{name}_p99"), serde_json::json!(s.map(|s| s.p99)));
-        r.set(&format!("{name}_max"), serde_json::json!(s.map(|s| s.max)));
+        r.set(
+            &format!("{prefix}{name}_p50"),
+            serde_json::json!(s.map(|s| s.p50)),
+        );
+        r.set(
+            &format!("{prefix}{name}_p99"),
+            serde_json::json!(s.map(|s| s.p99)),
+        );
+        r.set(
+            &format!("{prefix}{name}_max"),
+            serde_json::json!(s.map(|s| s.max)),
+        );
     }
 }
 
@@ -150,6 +166,7 @@ pub async fn run_one(o: &Opts) -> anyhow::Result<Report> {
         Scenario::Timers1m => timers::run(o).await,
         Scenario::Failover => failover::run(o).await,
         Scenario::Overload => overload::run(o).await,
+        Scenario::RollingRestart => rolling::run(o).await,
         Scenario::Smoke => anyhow::bail!("smoke runs the other scenarios"),
     }
 }
@@ -179,7 +196,7 @@ fn smoke_opts(o: &Opts, s: Scenario) -> Opts {
             x.duration = Some(Duration::from_secs(8));
             x.rate = Some(1_000);
         }
-        Scenario::Smoke => {}
+        Scenario::RollingRestart | Scenario::Smoke => {}
     }
     x
 }

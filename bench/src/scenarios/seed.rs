@@ -26,7 +26,7 @@ const COUNT_MAX: u64 = 1_000_000;
 fn cron(expr: String) -> Kind {
     Kind::Cron(Cron {
         expr,
-        tz: String::new(),
+        ..Default::default()
     })
 }
 

@@ -99,9 +99,7 @@ async fn restart_follower(r: &mut Report, c: &LocalCluster, client: &Client) -> 
         .map(|n| n.applied_index)
         .max()
         .unwrap_or(0);
-    let id = (1..=crate::cluster::NODES)
-        .find(|&i| i != status.leader)
-        .unwrap_or(1);
+    let id = (1..=c.size()).find(|&i| i != status.leader).unwrap_or(1);
     eprintln!("timers-1m: SIGKILL and restart follower node {id}");
     c.kill(id)?;
     let start = Instant::now();

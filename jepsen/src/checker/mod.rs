@@ -11,6 +11,7 @@ pub mod execution;
 pub mod linearizable;
 pub mod liveness;
 pub mod lost;
+pub mod membership;
 pub mod missed;
 pub mod receipts;
 pub mod replicas;
@@ -86,6 +87,7 @@ pub fn check_all(h: &History) -> Vec<CheckResult> {
         receipts::check(h),
         execution::check(h),
         liveness::check(h),
+        membership::check(h),
     ]
 }
 

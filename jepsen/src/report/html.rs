@@ -6,6 +6,7 @@
 use super::{esc, fault_color};
 use crate::check::Summary;
 use crate::event::Outcome;
+use crate::generator::MEMBERSHIP;
 use crate::history::History;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -96,12 +97,14 @@ fn timeline_svg(out: &mut String, h: &History) {
     let (start, span) = super::svg::time_span(h);
     let ax = Axis { start, span };
     let names: BTreeSet<String> = h.ops.iter().map(row_name).collect();
+    // Membership changes overlap the other faults: they get a row of their own.
+    let fault_rows = 1 + usize::from(h.faults.iter().any(|p| p.fault == MEMBERSHIP));
     let rows: BTreeMap<String, usize> = names
         .into_iter()
         .enumerate()
-        .map(|(i, n)| (n, i + 1))
+        .map(|(i, n)| (n, i + fault_rows))
         .collect();
-    let receipts_y = row_y(rows.len() + 1);
+    let receipts_y = row_y(rows.len() + fault_rows);
     let axis_y = receipts_y + ROW + 4.0;
     let _ = write!(
         out,
@@ -140,12 +143,20 @@ fn time_grid(out: &mut String, ax: &Axis, axis_y: f64) {
 
 fn fault_row(out: &mut String, h: &History, ax: &Axis) {
     let _ = write!(out, r#"<text x="4" y="{}">faults</text>"#, row_y(0) + 12.0);
+    if h.faults.iter().any(|p| p.fault == MEMBERSHIP) {
+        let _ = write!(
+            out,
+            r#"<text x="4" y="{}">membership</text>"#,
+            row_y(1) + 12.0
+        );
+    }
     for p in &h.faults {
+        let row = usize::from(p.fault == MEMBERSHIP);
         let (x0, x1) = (ax.x(p.start_ms), ax.x(p.end_ms));
         let _ = write!(
             out,
             r#"<rect x="{x0:.1}" y="{}" width="{:.1}" height="{}" fill="{}"><title>{} {} nodes {:?}</title></rect><text x="{:.1}" y="{}" font-size="10">{} {:?}</text>"#,
-            row_y(0),
+            row_y(row),
             (x1 - x0).max(1.0),
             ROW - 2.0,
             fault_color(&p.fault),
@@ -153,7 +164,7 @@ fn fault_row(out: &mut String, h: &History, ax: &Axis) {
             esc(&p.kind),
             p.nodes,
             x0 + 2.0,
-            row_y(0) + 12.0,
+            row_y(row) + 12.0,
             esc(&p.kind),
             p.nodes
         );

@@ -27,6 +27,7 @@ pub fn fault_color(fault: &str) -> &'static str {
         "loss" => "#fddbc7",
         "bandwidth" => "#e0e0e0",
         "snapshot" => "#a6dba0",
+        "membership" => "#fee08b",
         _ => "#dddddd",
     }
 }

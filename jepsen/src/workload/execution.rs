@@ -98,7 +98,7 @@ async fn session(ctx: &Ctx, id: &str, node: &Node) -> Next {
             Some(server_message::Msg::Assignment(a)) => {
                 let received_at_ms = ctx.rec.now_ms();
                 ctx.rec
-                    .record(Event::Receipt(receipt(id, node.id, &a, received_at_ms)))
+                    .record(Event::Receipt(receipt(id, node.id(), &a, received_at_ms)))
                     .await;
                 let finish = Finish {
                     run_id: a.run_id.clone(),

@@ -49,7 +49,7 @@ pub async fn run(ctx: Ctx, cfg: Config) -> Vec<String> {
         let node = ctx.node(k).clone();
         let mut inv = invocation(
             PROCESS_BASE + k as u64,
-            node.id,
+            node.id(),
             Workload::Interval,
             OpF::Create,
             &id,

@@ -85,7 +85,7 @@ async fn process(ctx: Ctx, cfg: Config, shared: Arc<Shared>, slot: usize) {
         let key = key_for(n, &cfg, rng.gen());
         let choice = register_choice(&mut rng, known.get(&key).copied());
         let value = shared.values.fetch_add(1, Ordering::Relaxed);
-        let mut inv = invocation(process, node.id, Workload::Register, choice.f, &key);
+        let mut inv = invocation(process, node.id(), Workload::Register, choice.f, &key);
         let t = ctx.op_timeout;
         let ch = &node.channel;
         let spec = || {

@@ -56,7 +56,7 @@ async fn create_loop(ctx: &Ctx, cfg: Config, cancels: mpsc::Sender<(i64, String)
         let id = format!("tmr-{n}");
         let plan = timer_plan(&mut rng);
         let node = ctx.node(n as usize).clone();
-        let mut inv = invocation(process, node.id, Workload::Timers, OpF::Create, &id);
+        let mut inv = invocation(process, node.id(), Workload::Timers, OpF::Create, &id);
         let kind = if plan.absolute {
             let at = ctx.rec.now_ms() + plan.delay_ms as i64;
             inv.at_ms = Some(at);
@@ -112,7 +112,7 @@ async fn cancel_loop(ctx: Ctx, mut rx: mpsc::Receiver<(i64, String)>) {
             };
             let node = ctx.node(n).clone();
             n += 1;
-            let inv = invocation(process, node.id, Workload::Timers, OpF::Delete, &id);
+            let inv = invocation(process, node.id(), Workload::Timers, OpF::Delete, &id);
             let t = ctx.op_timeout;
             let c = execute(&ctx, inv, async {
                 client::delete(&node.channel, &id, t)

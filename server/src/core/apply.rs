@@ -88,7 +88,8 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::RetryRun { now_ms, .. }
         | Command::PutToken { now_ms, .. }
         | Command::RevokeToken { now_ms, .. }
-        | Command::RestorePairs { now_ms, .. } => *now_ms,
+        | Command::RestorePairs { now_ms, .. }
+        | Command::Housekeep { now_ms, .. } => *now_ms,
         Command::Dedup { command, .. } | Command::Authored { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
@@ -199,6 +200,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             Command::RestorePairs {
                 pairs, first, last, ..
             } => self.restore_pairs(pairs, *first, *last),
+            Command::Housekeep { max_deletes, .. } => self.housekeep(*max_deletes),
             Command::Authored { actor, command } => {
                 if matches!(
                     **command,
@@ -284,6 +286,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 keys::RUN => decode::<Run>(v).is_ok(),
                 keys::ACTIVE => decode::<ActiveRun>(v).is_ok(),
                 keys::JOB_HISTORY => decode::<JobRevision>(v).is_ok(),
+                keys::DELETED_JOB => keys::deleted_job_from(k).is_some(),
+                keys::RETENTION_DUE => keys::retention_job_from(k).is_some(),
                 _ => keys::wheel_from(k).is_some(),
             };
             if !ok {
@@ -483,6 +487,13 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if self.o.get(&keys::job(&spec.id)).is_some() {
             return Err(CommandError::AlreadyExists(spec.id.clone()));
         }
+        // Runs are keyed by job id: a new job must not inherit the old one's.
+        if self.o.get(&keys::deleted_job(&spec.id)).is_some() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {:?} was deleted and housekeeping is still removing its runs; create it again shortly",
+                spec.id
+            )));
+        }
         let mut job = Job {
             id: spec.id.clone(),
             schedule: spec.schedule.resolve(self.now),
@@ -497,6 +508,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             active_runs: 0,
             buffered_at_ms: None,
             history_len: 0,
+            retention_due_ms: None,
         };
         let first = self.first_occurrence(&job, self.now)?;
         self.set_next(&mut job, first);
@@ -517,9 +529,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             });
         }
         let reschedule = !spec.schedule.matches(&job.schedule);
+        let limits_changed = (job.policy.keep_runs, job.policy.keep_for_ms)
+            != (spec.policy.keep_runs, spec.policy.keep_for_ms);
         job.group = spec.group.clone();
         job.payload = spec.payload.clone();
         job.policy = spec.policy.clone();
+        if limits_changed {
+            // Plans only: the deleting is housekeeping's, in bounded steps.
+            self.prune(&mut job, 0);
+        }
         job.revision = job.revision.saturating_add(1);
         job.updated_at_ms = self.now;
         if reschedule {
@@ -536,6 +554,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let mut job = self.job(id)?;
         self.set_next(&mut job, None);
         self.cancel_active_runs(&mut job, "job deleted");
+        self.set_retention_due(&mut job, None);
+        if job.history_len > 0 {
+            // Housekeeping removes its runs, a bounded number per command.
+            self.o.put(keys::deleted_job(id), Vec::new());
+        }
         self.o.delete(keys::job(id));
         self.record_revision(&job, job.revision.saturating_add(1), "delete");
         Ok(true)
@@ -665,32 +688,40 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn fire_occurrence(&mut self, job: &mut Job, scheduled: i64) -> Result<(), CommandError> {
         let late_ms = self.now.saturating_sub(scheduled);
         let late = late_ms > i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
-        let next = if !late || job.policy.misfire == Misfire::FireAll {
-            let note = if late {
-                format!("late by {late_ms} ms (misfire fire-all)")
-            } else {
-                String::new()
-            };
-            self.start_run(job, scheduled, note);
-            next_after(&job.schedule, scheduled)?
-        } else {
-            let walk = walk_missed(&job.schedule, scheduled, self.now)?;
-            if job.policy.misfire == Misfire::FireOnce {
-                let note = format!(
-                    "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
-                    walk.count_text(),
-                    self.now.saturating_sub(walk.last)
-                );
-                self.start_run(job, walk.last, note);
-            } else {
+        let next = match (late, job.policy.misfire) {
+            (false, _) | (true, Misfire::FireAll) => {
+                let note = if late {
+                    format!("late by {late_ms} ms (misfire fire-all)")
+                } else {
+                    String::new()
+                };
+                self.start_run(job, scheduled, note);
+                next_after(&job.schedule, scheduled)?
+            }
+            (true, Misfire::Skip) => {
+                // Skipped: the occurrences past the grace window. Those still
+                // inside it are due, not late: the next one is due now and runs.
+                let grace = i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
+                let cutoff = self.now.saturating_sub(grace).saturating_sub(1);
+                let walk = walk_missed(&job.schedule, scheduled, cutoff)?;
                 let note = format!(
                     "misfire skip: {} occurrence(s) from {scheduled} to {} not run",
                     walk.count_text(),
                     walk.last
                 );
                 self.record_skipped(job, scheduled, note);
+                walk.next
             }
-            walk.next
+            (true, Misfire::FireOnce) => {
+                let walk = walk_missed(&job.schedule, scheduled, self.now)?;
+                let note = format!(
+                    "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
+                    walk.count_text(),
+                    self.now.saturating_sub(walk.last)
+                );
+                self.start_run(job, walk.last, note);
+                walk.next
+            }
         };
         self.set_next(job, next);
         Ok(())
@@ -754,30 +785,17 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             let run = self.new_run(job, id, 1, RunState::Skipped, note);
             self.save_run(&run);
             self.trim_history(job, 1);
+            self.after_finish(job, false);
         }
     }
 
-    /// Counts `added` new run records and deletes the job's oldest finished
-    /// records beyond `RUN_HISTORY_MAX`. An active oldest run stops the trim:
-    /// history may then exceed the cap until it ends.
+    /// Counts `added` new run records and, past the job's `keep_runs`,
+    /// deletes up to `added` of its oldest finished ones (a larger excess,
+    /// after a lowered limit, is housekeeping's, in bounded steps).
     fn trim_history(&mut self, job: &mut Job, added: u64) {
         job.history_len = job.history_len.saturating_add(added);
-        let excess = job.history_len.saturating_sub(limits::RUN_HISTORY_MAX);
-        if excess == 0 {
-            return;
-        }
-        // One read of the oldest `excess` records (not one read per record,
-        // each skipping the deletions before it).
-        let prefix = keys::runs_of(&job.id);
-        let limit = usize::try_from(excess).unwrap_or(usize::MAX);
-        let oldest = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
-        for (key, value) in oldest {
-            let run: Run = decode(&value).expect("corrupt replicated run");
-            if !run.state.is_terminal() {
-                break;
-            }
-            self.o.delete(key);
-            job.history_len -= 1;
+        if job.history_len > job.policy.keep_runs {
+            self.prune(job, usize::try_from(added).unwrap_or(usize::MAX));
         }
     }
 
@@ -858,6 +876,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             run.note = why.to_string();
             self.save_run(&run);
         }
+        if job.active_runs > 0 {
+            self.after_finish(job, true);
+        }
         job.active_runs = 0;
         if let Some(b) = job.buffered_at_ms.take() {
             self.record_skipped(job, b, format!("overlap buffer-one: dropped ({why})"));
@@ -874,6 +895,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return;
         };
         job.active_runs = job.active_runs.saturating_sub(1);
+        self.after_finish(&mut job, true);
         if job.active_runs == 0 {
             if let Some(b) = job.buffered_at_ms.take() {
                 self.start_run(
@@ -884,6 +906,145 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
         }
         self.put(keys::job(&job.id), &job);
+    }
+
+    // ------------------------------------------------------------ retention
+
+    /// Deletes the job's oldest run records while they may go (finished,
+    /// and past `keep_runs` or `keep_for`), at most `limit` (0 only plans),
+    /// then sets when housekeeping should look at the job next. Records go
+    /// in key (scheduled) order: one that must stay, an active run or one
+    /// finished within `keep_for`, holds back those after it. One read of
+    /// `limit + 1` records, not one per record.
+    fn prune(&mut self, job: &mut Job, limit: usize) -> usize {
+        let prefix = keys::runs_of(&job.id);
+        let end = keys::prefix_end(&prefix);
+        let rows = self.o.range(&prefix, &end, limit.saturating_add(1));
+        let (mut removed, mut oldest_kept) = (0, None);
+        for (key, value) in rows {
+            let run: Run = decode(&value).expect("corrupt replicated run");
+            if removed == limit || !self.may_go(job, &run) {
+                oldest_kept = Some(run);
+                break;
+            }
+            self.o.delete(key);
+            job.history_len = job.history_len.saturating_sub(1);
+            removed += 1;
+        }
+        let due = oldest_kept.and_then(|r| self.retention_due(job, &r));
+        self.set_retention_due(job, due);
+        removed
+    }
+
+    fn may_go(&self, job: &Job, run: &Run) -> bool {
+        let expired = expiry(&job.policy, run.finished_at_ms).is_some_and(|at| at <= self.now);
+        run.state.is_terminal() && (job.history_len > job.policy.keep_runs || expired)
+    }
+
+    /// When the job's oldest record may go: now while the job holds more
+    /// than `keep_runs`, else when it passes `keep_for`; an active run
+    /// not before it ends.
+    fn retention_due(&self, job: &Job, oldest: &Run) -> Option<i64> {
+        if !oldest.state.is_terminal() {
+            None
+        } else if job.history_len > job.policy.keep_runs {
+            Some(self.now)
+        } else {
+            expiry(&job.policy, oldest.finished_at_ms)
+        }
+    }
+
+    /// Runs of `job` finished now: housekeeping must look at the job when
+    /// they pass `keep_for`, and at once if a run that ended (`ended_active`)
+    /// may have held back records past `keep_runs`.
+    fn after_finish(&mut self, job: &mut Job, ended_active: bool) {
+        let due = if ended_active && job.history_len > job.policy.keep_runs {
+            Some(self.now)
+        } else {
+            expiry(&job.policy, self.now)
+        };
+        if let Some(due) = due.filter(|d| job.retention_due_ms.is_none_or(|cur| *d < cur)) {
+            self.set_retention_due(job, Some(due));
+        }
+    }
+
+    /// Sets when housekeeping looks at the job next (or never), keeping its
+    /// one `RETENTION_DUE` entry in step. The caller saves the job.
+    fn set_retention_due(&mut self, job: &mut Job, due: Option<i64>) {
+        if job.retention_due_ms == due {
+            return;
+        }
+        if let Some(old) = job.retention_due_ms.take() {
+            self.o.delete(keys::retention_due(old, &job.id));
+        }
+        if let Some(at) = due {
+            job.retention_due_ms = Some(at);
+            self.o.put(keys::retention_due(at, &job.id), Vec::new());
+        }
+    }
+
+    /// Deletes run records of deleted jobs first, then records past their
+    /// job's limits: at most `max_deletes` in all, looking at no more than
+    /// `HOUSEKEEP_JOBS_MAX` jobs.
+    fn housekeep(&mut self, max_deletes: u32) -> Result<Response, CommandError> {
+        if max_deletes == 0 || max_deletes > limits::HOUSEKEEP_DELETES_MAX {
+            return Err(CommandError::Invalid(format!(
+                "max_deletes: must be between 1 and {}, got {max_deletes}",
+                limits::HOUSEKEEP_DELETES_MAX
+            )));
+        }
+        let mut budget = max_deletes as usize;
+        let space = [keys::DELETED_JOB];
+        let end = [keys::DELETED_JOB + 1];
+        let deleted = self.o.range(&space, &end, limits::HOUSEKEEP_JOBS_MAX);
+        let jobs_left = limits::HOUSEKEEP_JOBS_MAX - deleted.len();
+        for (key, _) in deleted {
+            if budget == 0 {
+                break;
+            }
+            budget -= self.remove_deleted_runs(key, budget);
+        }
+        let start = [keys::RETENTION_DUE];
+        let due = self
+            .o
+            .range(&start, &keys::retention_due_upto(self.now), jobs_left);
+        for (key, _) in due {
+            if budget == 0 {
+                break;
+            }
+            budget -= self.prune_due(&key, budget);
+        }
+        let removed = max_deletes - budget as u32;
+        Ok(Response::Housekept { removed })
+    }
+
+    /// Deletes up to `limit` runs of the deleted job of a `DELETED_JOB`
+    /// key, and the key with the last of them.
+    fn remove_deleted_runs(&mut self, key: Vec<u8>, limit: usize) -> usize {
+        let prefix = keys::runs_of(keys::deleted_job_from(&key).unwrap_or_default());
+        let rows = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
+        let removed = rows.len();
+        for (k, _) in rows {
+            self.o.delete(k);
+        }
+        if removed < limit {
+            self.o.delete(key);
+        }
+        removed
+    }
+
+    /// Prunes the job of a due `RETENTION_DUE` key, at most `limit` records.
+    fn prune_due(&mut self, key: &[u8], limit: usize) -> usize {
+        let id = keys::retention_job_from(key).unwrap_or_default();
+        let Ok(mut job) = self.job(id) else {
+            // A delete removes the job's entry, so none should be found;
+            // one that is would name no job: drop it.
+            self.o.delete(key.to_vec());
+            return 0;
+        };
+        let removed = self.prune(&mut job, limit);
+        self.put(keys::job(&job.id), &job);
+        removed
     }
 
     // ------------------------------------------------------------ execution
@@ -1079,6 +1240,13 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     s[..end].to_string()
+}
+
+/// When a run finished at `finished_at_ms` passes the policy's `keep_for`
+/// (None: kept regardless of age).
+fn expiry(policy: &Policy, finished_at_ms: i64) -> Option<i64> {
+    let keep_for = i64::try_from(policy.keep_for_ms).unwrap_or(i64::MAX);
+    (keep_for > 0).then(|| finished_at_ms.saturating_add(keep_for))
 }
 
 fn next_after(s: &Schedule, after: i64) -> Result<Option<i64>, CommandError> {

@@ -3,6 +3,11 @@
 //! messages. Every decode is limited: bytes from the disk or the network
 //! cannot make it allocate more than [`DECODE_LIMIT_BYTES`] (a 20-byte blob
 //! announcing a terabyte string is an error, not an abort).
+//!
+//! What is stored or sent carries a format version (log entries, snapshot
+//! files, the data directory); [`check_format`] is the one rule for
+//! meeting one: a format newer than this binary's, or older than the oldest
+//! it reads, is refused with both versions named, never guessed at.
 
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -30,6 +35,54 @@ pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, bincode::error::Decode
     bincode::serde::decode_from_slice(b, config).map(|(v, _)| v)
 }
 
+/// Something stored or received in a format this binary does not read.
+/// `what` names it: "data directory /var/lib/kairos", "log entry 42".
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error(
+        "{what} has format version {found}, newer than this binary's {known}: \
+         it was written by a newer Kairos; run that release (or a newer one) on this node"
+    )]
+    Newer {
+        what: String,
+        found: u32,
+        known: u32,
+    },
+    #[error(
+        "{what} has format version {found}, older than {oldest}, the oldest this binary \
+         (format {known}) reads; it cannot be migrated in place"
+    )]
+    Older {
+        what: String,
+        found: u32,
+        oldest: u32,
+        known: u32,
+    },
+    #[error("{what} (format version {found}) does not decode: {reason}")]
+    Undecodable {
+        what: String,
+        found: u32,
+        reason: String,
+    },
+}
+
+/// Accepts `found` if this binary reads it: from `oldest` up to `known`.
+pub fn check_format(what: &str, found: u32, oldest: u32, known: u32) -> Result<(), FormatError> {
+    let what = what.to_string();
+    if found > known {
+        return Err(FormatError::Newer { what, found, known });
+    }
+    if found < oldest {
+        return Err(FormatError::Older {
+            what,
+            found,
+            oldest,
+            known,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +100,26 @@ mod tests {
         blob.extend_from_slice(&(1u32 << 30).to_le_bytes());
         assert!(decode::<Vec<u8>>(&blob).is_err());
         assert!(decode::<String>(&blob).is_err());
+    }
+
+    #[test]
+    fn a_format_outside_what_this_binary_reads_is_refused_naming_both_versions() {
+        assert_eq!(check_format("x", 3, 2, 4), Ok(()));
+        let newer = check_format("log entry 7", 5, 2, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            newer.starts_with("log entry 7 has format version 5, newer than this binary's 4"),
+            "{newer}"
+        );
+        let older = check_format("data directory /d", 1, 2, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            older.starts_with("data directory /d has format version 1, older than 2"),
+            "{older}"
+        );
+        assert!(older.contains("(format 4)"), "{older}");
     }
 
     #[test]

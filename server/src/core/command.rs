@@ -1,10 +1,72 @@
 //! Commands that go through the Raft log and the responses apply returns.
 //! Every time value a command needs travels inside it (`now_ms` is the
 //! leader's cluster time at proposal), so apply stays deterministic.
+//!
+//! A log entry carries its command as a [`VersionedCommand`]: encoded, with
+//! the log format it was encoded in. New variants go at the end of an enum,
+//! so the ones before keep their encoding; any change of the encoding bumps
+//! [`LOG_FORMAT`], and a binary decodes every format from
+//! [`LOG_FORMAT_OLDEST`] up.
 
 use serde::{Deserialize, Serialize};
 
+use super::codec::{check_format, decode, encode, FormatError};
 use super::types::{Job, JobSpec, Run, RunId, Token, WheelKey};
+
+/// The format in which this binary encodes commands into log entries.
+/// 1: the first versioned format (state format 8, with `Housekeep` and
+/// Quartz schedules).
+pub const LOG_FORMAT: u32 = 1;
+/// The oldest log format this binary decodes.
+pub const LOG_FORMAT_OLDEST: u32 = 1;
+
+/// A command as a log entry holds it: encoded in the log format of the
+/// binary that proposed it. The entry itself decodes whatever that format
+/// is (so the log store and the peer network never misread it); the
+/// command is decoded in apply, which refuses a format this binary does not
+/// read, naming both versions, so the node stops applying rather than
+/// misapply (`store::sm`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionedCommand {
+    pub format: u32,
+    pub bytes: Vec<u8>,
+}
+
+impl VersionedCommand {
+    pub fn new(cmd: &Command) -> Self {
+        VersionedCommand {
+            format: LOG_FORMAT,
+            bytes: encode(cmd),
+        }
+    }
+
+    /// The command of the entry at log index `index`, if this binary reads its format.
+    pub fn command(&self, index: u64) -> Result<Command, FormatError> {
+        let what = format!("log entry {index}");
+        check_format(&what, self.format, LOG_FORMAT_OLDEST, LOG_FORMAT)?;
+        decode(&self.bytes).map_err(|e| FormatError::Undecodable {
+            what,
+            found: self.format,
+            reason: e.to_string(),
+        })
+    }
+}
+
+impl From<Command> for VersionedCommand {
+    fn from(cmd: Command) -> Self {
+        VersionedCommand::new(&cmd)
+    }
+}
+
+/// Shows the command rather than its bytes (openraft logs entries).
+impl std::fmt::Debug for VersionedCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match decode::<Command>(&self.bytes) {
+            Ok(cmd) if self.format == LOG_FORMAT => write!(f, "{cmd:?}"),
+            _ => write!(f, "<format {}, {} bytes>", self.format, self.bytes.len()),
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -106,6 +168,15 @@ pub enum Command {
     Batch {
         commands: Vec<Command>,
     },
+    /// The leader's housekeeping: deletes run records of deleted jobs and
+    /// runs past their job's `keep_runs` or `keep_for`, at most
+    /// `max_deletes` of them (and `limits::HOUSEKEEP_JOBS_MAX` jobs looked
+    /// at), so every entry's work is bounded. Proposed only when the state
+    /// says there is such work (`query::housekeeping_due`).
+    Housekeep {
+        now_ms: i64,
+        max_deletes: u32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,4 +258,8 @@ pub enum Response {
     Empty,
     /// One response per command of a `Batch`, in order.
     Many(Vec<Response>),
+    /// Run records a `Housekeep` deleted.
+    Housekept {
+        removed: u32,
+    },
 }

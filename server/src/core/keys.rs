@@ -18,16 +18,27 @@ pub const JOB_HISTORY: u8 = b'h';
 /// Responses of recent client writes by request id, and their expiry order.
 pub const DEDUP: u8 = b'd';
 pub const DEDUP_ORDER: u8 = b'e';
+/// Deleted jobs whose run records housekeeping has not removed yet, by id.
+pub const DELETED_JOB: u8 = b'g';
+/// When housekeeping should look at a job's oldest runs: `x` time job.
+pub const RETENTION_DUE: u8 = b'x';
 /// Present while a restore from a backup is being applied.
 pub const META_RESTORE: &[u8] = b"mrestore_in_progress";
-/// Key spaces a backup restores: the scheduling state. Meta, tokens and the
-/// dedup table belong to the new cluster.
-pub const RESTORED_SPACES: [u8; 5] = [JOB, RUN, WHEEL, ACTIVE, JOB_HISTORY];
+/// Key spaces a backup restores: the scheduling state and its housekeeping
+/// indexes. Meta, tokens and the dedup table belong to the new cluster.
+pub const RESTORED_SPACES: [u8; 7] = [
+    JOB,
+    RUN,
+    WHEEL,
+    ACTIVE,
+    JOB_HISTORY,
+    DELETED_JOB,
+    RETENTION_DUE,
+];
 /// Number of entries in the dedup table.
 pub const META_DEDUP_COUNT: &[u8] = b"mdedup_count";
 
 /// Meta keys.
-pub const META_VERSION: &[u8] = b"mversion";
 pub const META_LAST_APPLIED: &[u8] = b"mlast_applied";
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 /// Largest `now` any applied command carried: state-machine time never goes back.
@@ -39,15 +50,26 @@ pub const META_RESTORING: &[u8] = b"mrestoring";
 /// state, its snapshots and its digest (see `store::sm`).
 pub const META_TZDATA: &[u8] = b"mtzdata";
 
-/// On-disk format version of the data directory. 2: run ids and retry
-/// entries carry a shard; policies carry route and fan-out. 3: retention
-/// counters. 4: streamed snapshot files (`store::snapfile`). 5: finish
-/// reports in the log say whether the worker timed the attempt out.
+/// Format version of the state: its keys and values, the snapshot files
+/// that carry them, and the data directory that holds them (recorded in
+/// the directory's `format` file, see `store::format`). 2: run ids and
+/// retry entries carry a shard; policies carry route and fan-out. 3:
+/// retention counters. 4: streamed snapshot files (`store::snapfile`). 5:
+/// finish reports in the log say whether the worker timed the attempt out.
 /// 6: snapshot files end with a SHA-256 of all their bytes, and the install
 /// marker is finished from `snapshot.recv` while that file still exists.
 /// 7: API tokens (`t`, `k` key spaces; PutToken and RevokeToken commands),
 /// and the request-id dedup table (`d`, `e`; the Dedup command).
-pub const STATE_VERSION: u32 = 7;
+/// 8: per-job history limits (`keep_runs`, `keep_for_ms` in the policy,
+/// `retention_due_ms` in the job), the housekeeping indexes (`g`, `x`),
+/// the version in a `format` file instead of the `mversion` key, and log
+/// entries that carry their own format (`command::LOG_FORMAT`); also the
+/// Quartz cron schedules, appended to the schedule enums.
+pub const STATE_VERSION: u32 = 8;
+/// The oldest state format this binary reads. Older data directories and
+/// snapshot files are refused, naming both versions: there is no in-place
+/// migration from them (README, "Upgrades").
+pub const STATE_VERSION_OLDEST: u32 = 8;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()
@@ -59,22 +81,32 @@ pub fn time_from(b: &[u8]) -> Option<i64> {
 }
 
 pub fn job(id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + id.len());
-    k.push(JOB);
-    k.extend_from_slice(id.as_bytes());
-    k
+    named(JOB, id)
 }
 
-pub fn token(name: &str) -> Vec<u8> {
-    let mut k = vec![TOKEN];
+/// `space, name`.
+fn named(space: u8, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + name.len());
+    k.push(space);
     k.extend_from_slice(name.as_bytes());
     k
 }
 
-pub fn token_hash(hash: &str) -> Vec<u8> {
-    let mut k = vec![TOKEN_HASH];
-    k.extend_from_slice(hash.as_bytes());
+/// `space, at (8, time order), name`: sorts by time, then name.
+fn timed(space: u8, at_ms: i64, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + name.len());
+    k.push(space);
+    k.extend_from_slice(&time_bytes(at_ms));
+    k.extend_from_slice(name.as_bytes());
     k
+}
+
+pub fn token(name: &str) -> Vec<u8> {
+    named(TOKEN, name)
+}
+
+pub fn token_hash(hash: &str) -> Vec<u8> {
+    named(TOKEN_HASH, hash)
 }
 
 /// Prefix of one job id's revision records (job ids have no `/`).
@@ -93,17 +125,42 @@ pub fn job_history(job: &str, created_at_ms: i64, revision: u64) -> Vec<u8> {
 }
 
 pub fn dedup(request_id: &str) -> Vec<u8> {
-    let mut k = vec![DEDUP];
-    k.extend_from_slice(request_id.as_bytes());
-    k
+    named(DEDUP, request_id)
 }
 
 /// Expiry order: time the entry was written, then the request id.
 pub fn dedup_order(at_ms: i64, request_id: &str) -> Vec<u8> {
-    let mut k = vec![DEDUP_ORDER];
-    k.extend_from_slice(&time_bytes(at_ms));
-    k.extend_from_slice(request_id.as_bytes());
-    k
+    timed(DEDUP_ORDER, at_ms, request_id)
+}
+
+pub fn deleted_job(id: &str) -> Vec<u8> {
+    named(DELETED_JOB, id)
+}
+
+pub fn retention_due(at_ms: i64, job: &str) -> Vec<u8> {
+    timed(RETENTION_DUE, at_ms, job)
+}
+
+/// The job of a `deleted_job` key.
+pub fn deleted_job_from(key: &[u8]) -> Option<&str> {
+    std::str::from_utf8(key.strip_prefix(&[DELETED_JOB])?).ok()
+}
+
+/// The job of a `retention_due` key.
+pub fn retention_job_from(key: &[u8]) -> Option<&str> {
+    std::str::from_utf8(key.strip_prefix(&[RETENTION_DUE])?.get(8..)?).ok()
+}
+
+/// Exclusive upper bound of `retention_due` keys due at or before `t`.
+pub fn retention_due_upto(t: i64) -> Vec<u8> {
+    time_upto(RETENTION_DUE, t)
+}
+
+/// Exclusive upper bound of the keys of a time-first space at or before `t`.
+fn time_upto(space: u8, t: i64) -> Vec<u8> {
+    let mut v = vec![space];
+    v.extend_from_slice(&time_bytes(t.saturating_add(1)));
+    v
 }
 
 pub fn job_id_from(key: &[u8]) -> Option<&str> {
@@ -143,9 +200,7 @@ pub fn wheel_from(key: &[u8]) -> Option<WheelKey> {
 
 /// Exclusive upper bound of wheel keys due at or before `t`.
 pub fn wheel_upto(t: i64) -> Vec<u8> {
-    let mut v = vec![WHEEL];
-    v.extend_from_slice(&time_bytes(t.saturating_add(1)));
-    v
+    time_upto(WHEEL, t)
 }
 
 /// `prefix, len(job), job, scheduled_at (8, time order), shard (4, big-endian)`:

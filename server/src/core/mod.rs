@@ -19,6 +19,6 @@ pub mod validate;
 pub mod view;
 
 pub use apply::{apply, Applied, Effect};
-pub use command::{Command, CommandError, FinishReport, Response};
+pub use command::{Command, CommandError, FinishReport, Response, VersionedCommand};
 pub use types::*;
 pub use view::{MemView, Overlay, StateView, Write};

@@ -4,12 +4,15 @@
 //! It checks that apply never panics (the dev profile has overflow checks
 //! on), that a refused command writes nothing and has no effects, that a
 //! batch gives what its commands give one by one, that state-machine time
-//! never goes back, and that both replicas end with the same digest.
+//! never goes back, that the housekeeping indexes agree with the jobs and
+//! runs, and that both replicas end with the same digest.
 //!
 //! Some steps are not fixed commands but ask the state for their target (fire
 //! what is due, finish or expire an active attempt, retry a finished run),
 //! the way the leader builds them, so sequences reach deep states. Both
 //! replicas receive the one command built from the first replica's state.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
@@ -220,14 +223,31 @@ fn policy() -> impl Strategy<Value = Policy> {
         Just(u64::MAX)
     ];
     let priority = prop_oneof![4 => Just(5u8), 1 => any::<u8>()];
+    let keep_runs = prop::sample::select(vec![
+        0,
+        1,
+        3,
+        limits::KEEP_RUNS_MAX,
+        limits::KEEP_RUNS_MAX + 1,
+        u64::MAX,
+    ]);
+    let keep_for = prop::sample::select(vec![
+        0,
+        1000,
+        limits::KEEP_FOR_MAX_MS,
+        limits::KEEP_FOR_MAX_MS + 1,
+        u64::MAX,
+    ]);
     (
         (misfire, grace, timeout, attempts, backoff),
         (priority, overlap, route, fanout),
+        (keep_runs, keep_for),
     )
         .prop_map(
             |(
                 (misfire, misfire_grace_ms, timeout_ms, max_attempts, backoff_ms),
                 (priority, overlap, route, fanout),
+                (keep_runs, keep_for_ms),
             )| Policy {
                 misfire,
                 misfire_grace_ms,
@@ -238,6 +258,8 @@ fn policy() -> impl Strategy<Value = Policy> {
                 overlap,
                 route,
                 fanout,
+                keep_runs,
+                keep_for_ms,
             },
         )
 }
@@ -277,6 +299,10 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
             1u32..4,
         ),
         (prop::sample::select(vec![0u64, 1000]), overlap, fanout),
+        (
+            prop::sample::select(vec![1u64, 2, limits::KEEP_RUNS_DEFAULT]),
+            prop::sample::select(vec![0u64, 1000, 60_000]),
+        ),
     )
         .prop_map(
             |(
@@ -284,6 +310,7 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
                 schedule,
                 (misfire, misfire_grace_ms, max_attempts),
                 (backoff_ms, overlap, fanout),
+                (keep_runs, keep_for_ms),
             )| {
                 let overlap = match (fanout, overlap) {
                     (Fanout::Broadcast, Overlap::BufferOne) => Overlap::Allow,
@@ -301,6 +328,8 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
                         backoff_ms,
                         overlap,
                         fanout,
+                        keep_runs,
+                        keep_for_ms,
                         ..Policy::default()
                     },
                 }
@@ -398,6 +427,8 @@ fn raw_command() -> impl Strategy<Value = Command> {
         1 => (time(), prop::collection::vec((run_id(), any::<u32>(), any::<u64>()), 0..3))
             .prop_map(|(now_ms, expired)| Command::Expire { now_ms, expired }),
         1 => (run_id(), time()).prop_map(|(run, now_ms)| Command::RetryRun { run, now_ms }),
+        2 => (time(), prop::sample::select(vec![0, 1, 3, limits::HOUSEKEEP_DELETES_MAX, u32::MAX]))
+            .prop_map(|(now_ms, max_deletes)| Command::Housekeep { now_ms, max_deletes }),
     ]
 }
 
@@ -574,6 +605,49 @@ fn step(view: &mut MemView, cmd: &Command) -> Result<Applied, TestCaseError> {
     Ok(a)
 }
 
+/// The housekeeping indexes agree with the jobs and runs: a job's
+/// `retention_due_ms` is its one `RETENTION_DUE` entry, its `history_len`
+/// counts its run records, and every run record belongs to a job or to a
+/// deleted job (not created again) whose runs housekeeping still removes.
+fn check_housekeeping_indexes(view: &MemView) -> Result<(), TestCaseError> {
+    let jobs: BTreeMap<String, Job> = rows(view, keys::JOB)
+        .iter()
+        .map(|(_, v)| decode::<Job>(v).unwrap())
+        .map(|j| (j.id.clone(), j))
+        .collect();
+    let entries: BTreeSet<(i64, String)> = rows(view, keys::RETENTION_DUE)
+        .iter()
+        .map(|(k, _)| {
+            let at = keys::time_from(&k[1..]).unwrap();
+            (at, keys::retention_job_from(k).unwrap().to_string())
+        })
+        .collect();
+    let wanted: BTreeSet<(i64, String)> = jobs
+        .values()
+        .filter_map(|j| Some((j.retention_due_ms?, j.id.clone())))
+        .collect();
+    prop_assert_eq!(entries, wanted);
+    let deleted: BTreeSet<String> = rows(view, keys::DELETED_JOB)
+        .iter()
+        .map(|(k, _)| keys::deleted_job_from(k).unwrap().to_string())
+        .collect();
+    let mut records: BTreeMap<String, u64> = BTreeMap::new();
+    for (k, _) in rows(view, keys::RUN) {
+        *records
+            .entry(keys::run_id_from(&k).unwrap().job)
+            .or_default() += 1;
+    }
+    for (id, job) in &jobs {
+        let n = records.get(id).copied().unwrap_or(0);
+        prop_assert_eq!(job.history_len, n, "history_len of job {}", id);
+        prop_assert!(!deleted.contains(id), "job {} is live and deleted", id);
+    }
+    for id in records.keys().filter(|id| !jobs.contains_key(*id)) {
+        prop_assert!(deleted.contains(id), "runs of {} belong to no job", id);
+    }
+    Ok(())
+}
+
 /// What the generated histories reached, so a generator that only produces
 /// refusals fails the test instead of passing it vacuously.
 #[derive(Debug, Default)]
@@ -584,6 +658,7 @@ struct Reached {
     runs_started: u64,
     attempts_ended: u64,
     retries_scheduled: u64,
+    housekept_runs: u64,
 }
 
 impl Reached {
@@ -594,6 +669,9 @@ impl Reached {
         }
         if matches!(cmd, Command::CreateJob { .. }) && matches!(a.response, Response::Job(_)) {
             self.jobs_created += 1;
+        }
+        if let Response::Housekept { removed } = a.response {
+            self.housekept_runs += u64::from(removed);
         }
         for e in &a.effects {
             match e {
@@ -614,6 +692,7 @@ fn check_history(ops: Vec<Op>, reached: &mut Reached) -> Result<(), TestCaseErro
         let b = step(&mut two, &cmd)?;
         reached.count(&cmd, &a);
         prop_assert_eq!(a, b, "replicas diverged on {:?}", cmd);
+        check_housekeeping_indexes(&one)?;
     }
     prop_assert_eq!(digest(&one), digest(&two));
     Ok(())
@@ -650,7 +729,8 @@ fn apply_is_total_refusals_write_nothing_and_replicas_agree() {
             && r.jobs_created > 200
             && r.runs_started > 1000
             && r.attempts_ended > 300
-            && r.retries_scheduled > 20,
+            && r.retries_scheduled > 20
+            && r.housekept_runs > 200,
         "the generated histories stayed shallow: {r:?}"
     );
 }

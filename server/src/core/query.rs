@@ -30,3 +30,15 @@ pub fn runs_after<V: StateView + ?Sized>(
         .filter_map(|(_, v)| decode(v).ok())
         .collect()
 }
+
+/// Whether a `Housekeep` at `now_ms` has work: a deleted job with runs
+/// left, or a job whose oldest runs are due for its history limits. Two
+/// reads of one key each, so the leader can ask often.
+pub fn housekeeping_due<V: StateView + ?Sized>(view: &V, now_ms: i64) -> bool {
+    let deleted = [keys::DELETED_JOB];
+    let start = [keys::RETENTION_DUE];
+    !view.range(&deleted, &[keys::DELETED_JOB + 1], 1).is_empty()
+        || !view
+            .range(&start, &keys::retention_due_upto(now_ms), 1)
+            .is_empty()
+}

@@ -22,6 +22,19 @@
 //! Mondays). `croner`'s `+` (dom AND dow) prefix is rejected so that the
 //! dialect has a single day rule.
 //!
+//! # Quartz dialect
+//!
+//! A job says which dialect its expression is in; nothing is guessed. The
+//! `Quartz` schedule reads an expression as Quartz's `CronTrigger` does: 6
+//! fields (seconds first) or 7 (year last), never 5; exactly one of day of
+//! month and day of week is `?`; weekdays are numbered 1-7 from Sunday
+//! (`SUN`=1 ... `SAT`=7), so `6L` is the last Friday and `6#3` the third
+//! Friday; `a/b` means every `b` starting at `a` (`0/5` in seconds is
+//! 0,5,...,55); `L`, `W`, `LW` in day of month as above. Quartz's `L-n`
+//! (n days before the last) is not supported and is refused. The API refuses a
+//! 6- or 7-field expression with `?` when the dialect is not given, since
+//! that is Quartz syntax the Vixie reading above would silently shift by a day.
+//!
 //! # Daylight saving time
 //!
 //! Occurrences are whole seconds, and `next_after(x) > x` always holds. Jobs
@@ -101,6 +114,9 @@ pub enum Schedule {
     Every { every_ms: u64, anchor_ms: i64 },
     /// One-shot at an absolute unix-ms instant.
     Once { at_ms: i64 },
+    /// Cron expression in Quartz's dialect (see the module doc), in an IANA
+    /// time zone ("" means UTC).
+    Quartz { expr: String, tz: String },
 }
 
 /// Why a schedule, a preview request or a duration was rejected. Each message
@@ -113,6 +129,8 @@ pub enum ScheduleError {
     CronTooLong { len: usize },
     #[error("schedule.cron.expr: must contain only ASCII characters")]
     CronNotAscii,
+    #[error("schedule.cron.expr: must not contain control characters (fields are separated by spaces or tabs)")]
+    CronControlChar,
     #[error("schedule.cron.expr: expected 5, 6 or 7 fields, got {got}")]
     CronFieldCount { got: usize },
     #[error("schedule.cron.expr: unknown nickname \"{name}\" (expected @yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly)")]
@@ -121,6 +139,12 @@ pub enum ScheduleError {
     CronPlusModifier,
     #[error("schedule.cron.expr: {reason}")]
     CronSyntax { reason: String },
+    #[error("schedule.cron.expr: a Quartz expression has 6 fields (seconds first) or 7 (year last), got {got}")]
+    QuartzFieldCount { got: usize },
+    #[error("schedule.cron.expr: in Quartz exactly one of day-of-month and day-of-week must be '?', got \"{dom}\" and \"{dow}\"")]
+    QuartzQuestionMark { dom: String, dow: String },
+    #[error("schedule.cron.expr: Quartz's \"L-n\" (n days before the last day of the month) is not supported, got \"{field}\"")]
+    QuartzLastOffset { field: String },
     #[error("schedule.cron.tz: unknown IANA time zone \"{tz}\"")]
     UnknownTimeZone { tz: String },
     #[error("schedule.cron: occurrence search failed: {reason}")]
@@ -199,7 +223,12 @@ impl Schedule {
     /// Checks every rule and prepares the schedule for occurrence searches.
     fn compile(&self) -> Result<Compiled, ScheduleError> {
         match self {
-            Schedule::Cron { expr, tz } => Ok(Compiled::Cron(cached_cron(expr, tz)?)),
+            Schedule::Cron { expr, tz } => {
+                Ok(Compiled::Cron(cached_cron(expr, tz, Dialect::Unix)?))
+            }
+            Schedule::Quartz { expr, tz } => {
+                Ok(Compiled::Cron(cached_cron(expr, tz, Dialect::Quartz)?))
+            }
             Schedule::Every {
                 every_ms,
                 anchor_ms,
@@ -389,7 +418,7 @@ fn local_wall_clock(tz: Tz, unix_s: i64) -> Result<NaiveDateTime, ScheduleError>
 const CRON_CACHE_MAX: usize = 4096;
 
 thread_local! {
-    static CRON_CACHE: RefCell<HashMap<String, HashMap<String, Rc<ParsedCron>>>> =
+    static CRON_CACHE: RefCell<HashMap<String, HashMap<(Dialect, String), Rc<ParsedCron>>>> =
         RefCell::new(HashMap::new());
 }
 
@@ -397,12 +426,23 @@ thread_local! {
 /// than an occurrence search and every fire of a cron job searches, mostly
 /// over the same few patterns. Parsing is pure, so the cache cannot change a
 /// result; failures are not cached. When full it is simply emptied.
-fn cached_cron(expr: &str, tz: &str) -> Result<Rc<ParsedCron>, ScheduleError> {
-    let hit = CRON_CACHE.with(|c| c.borrow().get(tz).and_then(|m| m.get(expr)).cloned());
+/// How an expression's fields are read (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Dialect {
+    Unix,
+    Quartz,
+}
+
+fn cached_cron(expr: &str, tz: &str, dialect: Dialect) -> Result<Rc<ParsedCron>, ScheduleError> {
+    let key = (dialect, expr.to_string());
+    let hit = CRON_CACHE.with(|c| c.borrow().get(tz).and_then(|m| m.get(&key)).cloned());
     if let Some(parsed) = hit {
         return Ok(parsed);
     }
-    let parsed = Rc::new(parse_cron(expr, tz)?);
+    let parsed = Rc::new(match dialect {
+        Dialect::Unix => parse_cron(expr, tz)?,
+        Dialect::Quartz => parse_quartz(expr, tz)?,
+    });
     CRON_CACHE.with(|c| {
         let mut c = c.borrow_mut();
         if c.values().map(HashMap::len).sum::<usize>() >= CRON_CACHE_MAX {
@@ -410,21 +450,93 @@ fn cached_cron(expr: &str, tz: &str) -> Result<Rc<ParsedCron>, ScheduleError> {
         }
         c.entry(tz.to_string())
             .or_default()
-            .insert(expr.to_string(), parsed.clone());
+            .insert(key, parsed.clone());
     });
     Ok(parsed)
 }
 
-fn parse_cron(expr: &str, tz: &str) -> Result<ParsedCron, ScheduleError> {
+/// Is this 6- or 7-field expression written in Quartz's syntax (a `?` in a
+/// day field)? The API asks such a job to name its dialect.
+#[must_use]
+pub fn looks_like_quartz(expr: &str) -> bool {
+    let fields: Vec<&str> = expr.split_ascii_whitespace().collect();
+    matches!(fields.len(), 6 | 7) && (fields[3].contains('?') || fields[5].contains('?'))
+}
+
+/// Checks shared by both dialects: length, ASCII, no `+`, no empty list item.
+fn check_text(expr: &str) -> Result<(), ScheduleError> {
     if expr.len() > MAX_CRON_EXPR_BYTES {
         return Err(ScheduleError::CronTooLong { len: expr.len() });
     }
     if !expr.is_ascii() {
         return Err(ScheduleError::CronNotAscii);
     }
+    // croner splits fields on every whitespace character, the checks here on
+    // ASCII whitespace, which leaves out \x0b: a vertical tab could hide an
+    // empty list item from the check below. Only spaces and tabs separate.
+    if expr.chars().any(|c| c.is_ascii_control() && c != '\t') {
+        return Err(ScheduleError::CronControlChar);
+    }
     if expr.contains('+') {
         return Err(ScheduleError::CronPlusModifier);
     }
+    // croner reads `,` or `1,,2` as a list with an empty item (an empty
+    // field that never matches), and searching for it walks to the year 4999.
+    if let Some(f) = expr
+        .split_ascii_whitespace()
+        .find(|f| f.split(',').any(str::is_empty))
+    {
+        return Err(ScheduleError::CronSyntax {
+            reason: format!("field \"{}\" has an empty list item", echo(f)),
+        });
+    }
+    Ok(())
+}
+
+fn parse_quartz(expr: &str, tz: &str) -> Result<ParsedCron, ScheduleError> {
+    check_text(expr)?;
+    let tz = parse_tz(tz)?;
+    let fields: Vec<&str> = expr.split_ascii_whitespace().collect();
+    let (hour, dom, dow) = match fields.as_slice() {
+        [] => return Err(ScheduleError::CronEmpty),
+        [_, _, hour, dom, _, dow] | [_, _, hour, dom, _, dow, _] => (*hour, *dom, *dow),
+        other => return Err(ScheduleError::QuartzFieldCount { got: other.len() }),
+    };
+    if (dom == "?") == (dow == "?") {
+        return Err(ScheduleError::QuartzQuestionMark {
+            dom: echo(dom),
+            dow: echo(dow),
+        });
+    }
+    if dom.starts_with("L-") {
+        return Err(ScheduleError::QuartzLastOffset { field: echo(dom) });
+    }
+    // Quartz's lone `L` in day of week is Saturday (7).
+    let dow_text = if dow == "L" { "7" } else { dow };
+    let mut text: Vec<&str> = fields.clone();
+    text[5] = dow_text;
+    let parser = CronParser::builder()
+        .seconds(Seconds::Required)
+        .year(Year::Optional)
+        .alternative_weekdays(true)
+        .sloppy_ranges(true)
+        // One of the day fields is `?` (every day): AND is Quartz's rule.
+        .dom_and_dow(true)
+        .build();
+    let cron = parser
+        .parse(&text.join(" "))
+        .map_err(|e| ScheduleError::CronSyntax {
+            reason: format!("(Quartz dialect) {e}"),
+        })?;
+    Ok(ParsedCron {
+        cron,
+        tz,
+        wall_clock: !hour.starts_with('*'),
+    })
+}
+
+fn parse_cron(expr: &str, tz: &str) -> Result<ParsedCron, ScheduleError> {
+    check_text(expr)?;
     let tz = parse_tz(tz)?;
     let text = expand_nickname(expr.trim())?;
     let fields: Vec<&str> = text.split_ascii_whitespace().collect();
@@ -434,13 +546,6 @@ fn parse_cron(expr: &str, tz: &str) -> Result<ParsedCron, ScheduleError> {
         [_, _, hour, dom, _, dow] | [_, _, hour, dom, _, dow, _] => (*hour, *dom, *dow),
         other => return Err(ScheduleError::CronFieldCount { got: other.len() }),
     };
-    // croner reads `,` or `1,,2` as a list with an empty item (an empty
-    // field that never matches), and searching for it walks to the year 4999.
-    if let Some(f) = fields.iter().find(|f| f.split(',').any(str::is_empty)) {
-        return Err(ScheduleError::CronSyntax {
-            reason: format!("field \"{}\" has an empty list item", echo(f)),
-        });
-    }
     // `croner` ORs the day fields unless one is exactly `*`; Vixie cron
     // ANDs them as soon as one starts with `*` (e.g. `*/2`). Asking croner
     // for AND in that case gives the Vixie rule, since a bare `*` matches all.
@@ -611,6 +716,137 @@ mod tests {
 
     fn err(s: &Schedule) -> String {
         s.validate().unwrap_err().to_string()
+    }
+
+    // ---- Quartz dialect -----------------------------------------------
+
+    fn quartz(expr: &str) -> Schedule {
+        Schedule::Quartz {
+            expr: expr.into(),
+            tz: String::new(),
+        }
+    }
+
+    fn quartz_preview(expr: &str, after: i64, n: usize) -> Vec<i64> {
+        quartz(expr).preview(after, n).unwrap()
+    }
+
+    /// The examples of Quartz's CronTrigger tutorial, read as Quartz reads
+    /// them (2026-01-01 is a Thursday).
+    #[test]
+    fn quartz_tutorial_examples() {
+        let t0 = utc(2026, 1, 1, 0, 0, 0);
+        let at = |mo, d, h, mi| utc(2026, mo, d, h, mi, 0);
+        // 12 pm every day.
+        assert_eq!(
+            quartz_preview("0 0 12 * * ?", t0, 2),
+            vec![at(1, 1, 12, 0), at(1, 2, 12, 0)]
+        );
+        // 10:15 every day, day of week given with '?' in day of month.
+        assert_eq!(
+            quartz_preview("0 15 10 ? * *", t0, 1),
+            vec![at(1, 1, 10, 15)]
+        );
+        // Every 5 minutes from 14:00 to 14:55 ("0/5" starts at 0).
+        let every5 = quartz_preview("0 0/5 14 * * ?", t0, 13);
+        assert_eq!(every5[0], at(1, 1, 14, 0));
+        assert_eq!(every5[11], at(1, 1, 14, 55));
+        assert_eq!(every5[12], at(1, 2, 14, 0));
+        // 14:10 and 14:44 every Wednesday in March.
+        assert_eq!(
+            quartz_preview("0 10,44 14 ? 3 WED", t0, 3),
+            vec![at(3, 4, 14, 10), at(3, 4, 14, 44), at(3, 11, 14, 10)]
+        );
+        // 10:15 Monday to Friday: Thursday 1st, Friday 2nd, Monday 5th.
+        assert_eq!(
+            quartz_preview("0 15 10 ? * MON-FRI", t0, 3),
+            vec![at(1, 1, 10, 15), at(1, 2, 10, 15), at(1, 5, 10, 15)]
+        );
+        // The last day of the month.
+        assert_eq!(
+            quartz_preview("0 15 10 L * ?", t0, 2),
+            vec![at(1, 31, 10, 15), at(2, 28, 10, 15)]
+        );
+        // 6 is Friday in Quartz: the last Friday, the third Friday.
+        assert_eq!(
+            quartz_preview("0 15 10 ? * 6L", t0, 3),
+            vec![at(1, 30, 10, 15), at(2, 27, 10, 15), at(3, 27, 10, 15)]
+        );
+        assert_eq!(
+            quartz_preview("0 15 10 ? * 6#3", t0, 2),
+            vec![at(1, 16, 10, 15), at(2, 20, 10, 15)]
+        );
+        // Every 5 days from the 1st of the month.
+        assert_eq!(
+            quartz_preview("0 0 12 1/5 * ?", t0, 3),
+            vec![at(1, 1, 12, 0), at(1, 6, 12, 0), at(1, 11, 12, 0)]
+        );
+        // Every November 11th at 11:11.
+        assert_eq!(
+            quartz_preview("0 11 11 11 11 ?", t0, 1),
+            vec![at(11, 11, 11, 11)]
+        );
+        // With a year: only in 2027.
+        assert_eq!(
+            quartz_preview("0 15 10 * * ? 2027", t0, 1),
+            vec![utc(2027, 1, 1, 10, 15, 0)]
+        );
+        // Weekday numbers: 1 is Sunday, 7 Saturday; a lone L is Saturday.
+        assert_eq!(quartz_preview("0 0 9 ? * 1", t0, 1), vec![at(1, 4, 9, 0)]);
+        assert_eq!(quartz_preview("0 0 9 ? * 7", t0, 1), vec![at(1, 3, 9, 0)]);
+        assert_eq!(quartz_preview("0 0 9 ? * L", t0, 1), vec![at(1, 3, 9, 0)]);
+        // The seed's ElasticJob example: every 5 seconds.
+        assert_eq!(
+            quartz_preview("0/5 * * * * ?", t0, 2),
+            vec![t0 + 5_000, t0 + 10_000]
+        );
+    }
+
+    #[test]
+    fn the_same_text_means_other_days_in_the_two_dialects() {
+        let t0 = utc(2026, 1, 1, 0, 0, 0);
+        // Unix reads 6 as Saturday: the last Saturday of January is the 31st.
+        assert_eq!(
+            preview("0 15 10 * * 6L", "", t0, 1),
+            vec![utc(2026, 1, 31, 10, 15, 0)]
+        );
+        assert_eq!(
+            quartz_preview("0 15 10 ? * 6L", t0, 1),
+            vec![utc(2026, 1, 30, 10, 15, 0)]
+        );
+        assert!(looks_like_quartz("0 15 10 ? * 6L"));
+        assert!(looks_like_quartz("0 15 10 1 * ? 2027"));
+        assert!(!looks_like_quartz("15 10 * * 5"));
+        assert!(!looks_like_quartz("0 15 10 * * 5"));
+    }
+
+    #[test]
+    fn a_vertical_tab_cannot_hide_an_empty_list_item() {
+        // Found by the cron fuzz target: croner splits on \x0b, which ASCII
+        // whitespace does not include, and then searched to the year 4999.
+        let expr = " \x0b5 \x0b\x0b,\x0b* * * *\x0b";
+        for s in [cron(expr, "UTC"), quartz(expr)] {
+            assert_eq!(err(&s), ScheduleError::CronControlChar.to_string());
+        }
+        assert!(cron("0\t9 * * *", "UTC").validate().is_ok());
+    }
+
+    #[test]
+    fn quartz_refusals_name_the_rule() {
+        let e = err(&quartz("15 10 * * ?"));
+        assert!(e.contains("6 fields") && e.contains("got 5"), "{e}");
+        let e = err(&quartz("0 15 10 * * 6"));
+        assert!(
+            e.contains("exactly one of day-of-month and day-of-week must be '?'"),
+            "{e}"
+        );
+        let e = err(&quartz("0 15 10 ? * ?"));
+        assert!(e.contains("exactly one"), "{e}");
+        let e = err(&quartz("0 15 10 L-2 * ?"));
+        assert!(e.contains("L-n"), "{e}");
+        let e = err(&quartz("0 15 10 ? * 0"));
+        assert!(e.contains("Quartz dialect"), "{e}");
+        assert_eq!(err(&quartz("")), ScheduleError::CronEmpty.to_string());
     }
 
     // ---- cron dialect -------------------------------------------------

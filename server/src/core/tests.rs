@@ -394,22 +394,47 @@ fn misfire_fire_once_coalesces_into_one_run_for_the_latest_due_occurrence() {
 }
 
 #[test]
-fn misfire_skip_records_one_skipped_run_and_moves_to_the_future() {
-    let (sim, a) = late_fire(Misfire::Skip);
+fn misfire_skip_skips_only_what_is_past_the_grace_window() {
+    // Due: 1000..=6000 at 6500 with a 1000 ms grace. 1000..=5000 are past
+    // the window and skipped; 6000 (500 ms late) is inside it and runs.
+    let (mut sim, a) = late_fire(Misfire::Skip);
     let runs = sim.runs_of("a");
     assert_eq!(runs.len(), 1);
     assert_eq!(
         (runs[0].id.scheduled_at_ms, runs[0].state),
         (T0 + 1000, RunState::Skipped)
     );
-    assert!(
-        runs[0].note.contains("misfire skip: 6 occurrence(s)"),
-        "{}",
-        runs[0].note
+    assert_eq!(
+        runs[0].note,
+        format!(
+            "misfire skip: 5 occurrence(s) from {} to {} not run",
+            T0 + 1000,
+            T0 + 5000
+        )
     );
     assert!(!a.effects.iter().any(|e| matches!(e, Effect::Ready { .. })));
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 7000))]);
+    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 6000))]);
     assert_eq!(sim.job("a").active_runs, 0);
+    assert_eq!(sim.occurrences("a"), vec![T0 + 6000]);
+
+    let b = sim.fire(T0 + 6500, vec![occ("a", T0 + 6000)]);
+    assert_eq!(b.response, fired(1, 0));
+    let inside = sim.run(&rid("a", T0 + 6000));
+    assert_eq!(
+        (inside.state, inside.note.as_str()),
+        (RunState::Pending, "")
+    );
+    assert_eq!(sim.occurrences("a"), vec![T0 + 7000]);
+}
+
+#[test]
+fn misfire_skip_with_nothing_inside_the_window_moves_to_the_future() {
+    let mut sim = sim_with(with_misfire(every("a", 1000), Misfire::Skip, 100));
+    sim.fire(T0 + 6500, vec![occ("a", T0 + 1000)]);
+    let runs = sim.runs_of("a");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].state, RunState::Skipped);
+    assert!(runs[0].note.contains("6 occurrence(s)"), "{}", runs[0].note);
     assert_eq!(sim.occurrences("a"), vec![T0 + 7000]);
 }
 
@@ -1156,7 +1181,7 @@ fn history_keeps_the_newest_records_per_job_and_never_an_active_run() {
     let mut sim = Sim::default();
     // Grace 0 with misfire skip: every late fire records one skipped (finished) run.
     sim.create(with_misfire(every("h", 1000), Misfire::Skip, 0), T0);
-    let max = limits::RUN_HISTORY_MAX;
+    let max = limits::KEEP_RUNS_DEFAULT;
     for _ in 0..max + 5 {
         let at = sim.job("h").next_fire_at_ms.unwrap();
         sim.fire(at + 1, vec![occ("h", at)]);
@@ -1722,4 +1747,221 @@ fn a_restore_needs_an_empty_cluster_goes_in_order_and_refuses_foreign_or_corrupt
     assert!(
         matches!(&again.response, Response::Error(CommandError::FailedPrecondition(m)) if m.contains("already holds"))
     );
+}
+
+// ------------------------------------------------------------------ history limits and housekeeping
+
+fn keeping(mut s: JobSpec, keep_runs: u64, keep_for_ms: u64) -> JobSpec {
+    s.policy.keep_runs = keep_runs;
+    s.policy.keep_for_ms = keep_for_ms;
+    s
+}
+
+fn housekeep(now_ms: i64, max_deletes: u32) -> Command {
+    Command::Housekeep {
+        now_ms,
+        max_deletes,
+    }
+}
+
+fn housekept(removed: u32) -> Response {
+    Response::Housekept { removed }
+}
+
+fn due(sim: &Sim, now_ms: i64) -> bool {
+    query::housekeeping_due(&sim.view, now_ms)
+}
+
+fn scheduled(runs: &[Run]) -> Vec<i64> {
+    runs.iter().map(|r| r.id.scheduled_at_ms).collect()
+}
+
+/// Fires the job's next occurrence at its time and finishes the run `ms` later.
+fn fire_and_finish(sim: &mut Sim, job: &str, ms: i64) -> i64 {
+    let at = sim
+        .job(job)
+        .next_fire_at_ms
+        .expect("an occurrence is pending");
+    sim.fire(at, vec![occ(job, at)]);
+    sim.finish(at + ms, report(&rid(job, at), 1, true, 0));
+    at
+}
+
+/// Deletes in `RUN` writes of an applied command.
+fn run_deletes(a: &Applied) -> usize {
+    let is_run_delete = |w: &&Write| matches!(w, Write::Delete(k) if k[0] == keys::RUN);
+    a.writes.iter().filter(is_run_delete).count()
+}
+
+#[test]
+fn keep_runs_keeps_the_newest_finished_runs_as_new_ones_are_created() {
+    let mut sim = sim_with(keeping(every("k", 1000), 3, 0));
+    let fired: Vec<i64> = (0..6).map(|_| fire_and_finish(&mut sim, "k", 10)).collect();
+    assert_eq!(scheduled(&sim.runs_of("k")), fired[3..].to_vec());
+    assert_eq!(sim.job("k").history_len, 3);
+    // Creating the next run deletes exactly one, the oldest.
+    let at = sim.job("k").next_fire_at_ms.unwrap();
+    let a = sim.fire(at, vec![occ("k", at)]);
+    assert_eq!(run_deletes(&a), 1);
+    assert!(a
+        .writes
+        .contains(&Write::Delete(keys::run(&rid("k", fired[3])))));
+    assert!(!due(&sim, at + 1_000_000), "nothing left for housekeeping");
+}
+
+#[test]
+fn active_runs_are_never_removed_and_their_end_lets_housekeeping_trim() {
+    let mut sim = sim_with(keeping(every("a", 1000), 1, 0));
+    let times: Vec<i64> = (1..=3).map(|i| T0 + i * 1000).collect();
+    for at in &times {
+        sim.fire(*at, vec![occ("a", *at)]);
+    }
+    assert_eq!(sim.active_runs("a").len(), 3, "all three active runs kept");
+    assert!(
+        !due(&sim, T0 + 3000),
+        "nothing may go while the oldest is active"
+    );
+    let last = T0 + 3000;
+    for at in &times {
+        sim.finish(last + 5, report(&rid("a", *at), 1, true, 0));
+    }
+    assert!(
+        due(&sim, last + 5),
+        "finished runs past keep_runs are due at once"
+    );
+    let a = sim.exec(housekeep(last + 5, 100));
+    assert_eq!(a.response, housekept(2));
+    assert_eq!(scheduled(&sim.runs_of("a")), vec![last]);
+    assert_eq!(sim.job("a").history_len, 1);
+    assert!(!due(&sim, i64::MAX - 1));
+}
+
+#[test]
+fn keep_for_removes_finished_runs_by_finish_time_through_housekeeping() {
+    let day = 86_400_000;
+    let mut sim = sim_with(keeping(every("f", 1000), 100, day as u64));
+    let first = fire_and_finish(&mut sim, "f", 10);
+    let second = fire_and_finish(&mut sim, "f", 500);
+    let (first_done, second_done) = (first + 10, second + 500);
+    assert!(
+        !due(&sim, first_done + day - 1),
+        "not before keep_for has passed"
+    );
+    assert!(due(&sim, first_done + day));
+    let a = sim.exec(housekeep(first_done + day, 100));
+    assert_eq!(a.response, housekept(1));
+    assert_eq!(scheduled(&sim.runs_of("f")), vec![second]);
+    assert!(!due(&sim, second_done + day - 1));
+    sim.exec(housekeep(second_done + day, 100));
+    assert_eq!(sim.runs_of("f"), vec![]);
+    assert_eq!(sim.job("f").history_len, 0);
+    assert_eq!(sim.job("f").retention_due_ms, None);
+}
+
+#[test]
+fn lowering_keep_runs_deletes_in_bounded_housekeeping_steps() {
+    let mut sim = sim_with(every("l", 1000));
+    let fired: Vec<i64> = (0..20).map(|_| fire_and_finish(&mut sim, "l", 1)).collect();
+    let now = fired[19] + 10;
+    let a = sim.exec(update(keeping(every("l", 1000), 5, 0), 0, now));
+    assert_eq!(run_deletes(&a), 0, "an update only plans the deleting");
+    assert!(due(&sim, now));
+    for removed in [6, 6, 3] {
+        let a = sim.exec(housekeep(now, 6));
+        assert_eq!(a.response, housekept(removed));
+        assert_eq!(run_deletes(&a), removed as usize);
+    }
+    assert_eq!(scheduled(&sim.runs_of("l")), fired[15..].to_vec());
+    assert!(!due(&sim, now));
+    let idle = sim.exec(housekeep(now, 6));
+    assert_eq!(idle.response, housekept(0));
+    assert_eq!(state_writes(&idle), Vec::<&Write>::new());
+}
+
+#[test]
+fn runs_of_a_deleted_job_go_in_bounded_steps_and_block_its_id_until_then() {
+    let mut sim = sim_with(every("d", 1000));
+    (0..10).for_each(|_| {
+        fire_and_finish(&mut sim, "d", 1);
+    });
+    let now = T0 + 60_000;
+    sim.exec(Command::DeleteJob {
+        id: "d".into(),
+        now_ms: now,
+    });
+    assert_eq!(sim.runs_of("d").len(), 10, "a delete removes no run itself");
+    assert!(due(&sim, now));
+    let again = sim.exec(Command::CreateJob {
+        spec: every("d", 1000),
+        now_ms: now,
+    });
+    assert!(
+        matches!(&again.response, Response::Error(CommandError::FailedPrecondition(m))
+            if m.contains("still removing its runs")),
+        "{:?}",
+        again.response
+    );
+    assert_nothing_done(&again);
+    for (removed, left) in [(4, 6), (4, 2), (2, 0)] {
+        let a = sim.exec(housekeep(now, 4));
+        assert_eq!(a.response, housekept(removed));
+        assert_eq!(sim.runs_of("d").len(), left);
+    }
+    assert!(!due(&sim, now), "nothing left to do");
+    sim.create(every("d", 1000), now);
+    assert_eq!(sim.job("d").history_len, 0);
+}
+
+#[test]
+fn a_job_deleted_without_runs_leaves_no_housekeeping() {
+    let mut sim = sim_with(every("n", 1000));
+    sim.exec(Command::DeleteJob {
+        id: "n".into(),
+        now_ms: T0,
+    });
+    assert!(!due(&sim, T0));
+    sim.create(every("n", 1000), T0 + 1);
+}
+
+#[test]
+fn a_housekeep_outside_its_limits_is_refused_naming_the_field() {
+    let mut sim = sim_with(every("h", 1000));
+    for max in [0, limits::HOUSEKEEP_DELETES_MAX + 1] {
+        let a = sim.exec(housekeep(T0 + 5, max));
+        assert_eq!(
+            invalid_msg(&a),
+            format!("max_deletes: must be between 1 and 4096, got {max}")
+        );
+        assert_nothing_done(&a);
+    }
+}
+
+#[test]
+fn a_log_entry_of_a_newer_format_is_refused_naming_both_versions() {
+    let cmd = Command::DeleteJob {
+        id: "a".into(),
+        now_ms: T0,
+    };
+    let current = VersionedCommand::new(&cmd);
+    assert_eq!(current.command(7), Ok(cmd.clone()));
+    let newer = VersionedCommand {
+        format: command::LOG_FORMAT + 1,
+        ..current
+    };
+    let e = newer.command(7).unwrap_err().to_string();
+    let want = format!(
+        "log entry 7 has format version {}, newer than this binary's {}",
+        command::LOG_FORMAT + 1,
+        command::LOG_FORMAT
+    );
+    assert!(e.starts_with(&want), "{e}");
+    let garbled = VersionedCommand {
+        format: command::LOG_FORMAT,
+        bytes: vec![0xff; 3],
+    };
+    assert!(garbled
+        .command(8)
+        .unwrap_err()
+        .to_string()
+        .contains("does not decode"));
 }

@@ -40,9 +40,19 @@ pub mod limits {
     pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
     pub const DEFAULT_BACKOFF_MS: u64 = 1_000;
     pub const DEFAULT_PRIORITY: u8 = 5;
-    /// Run records kept per job: creating one more deletes the oldest
-    /// finished record (active runs are never deleted).
-    pub const RUN_HISTORY_MAX: u64 = 10_000;
+    /// Finished run records a job keeps unless its `keep_runs` says
+    /// otherwise: creating one more deletes the oldest finished record
+    /// (active runs are never deleted).
+    pub const KEEP_RUNS_DEFAULT: u64 = 10_000;
+    /// The most a job's `keep_runs` may be.
+    pub const KEEP_RUNS_MAX: u64 = 100_000;
+    /// The longest a job's `keep_for` may be (10 years).
+    pub const KEEP_FOR_MAX_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
+    /// Run records one `Housekeep` command may delete (runs of deleted
+    /// jobs, runs past their job's `keep_runs` or `keep_for`).
+    pub const HOUSEKEEP_DELETES_MAX: u32 = 4096;
+    /// Jobs one `Housekeep` command looks at.
+    pub const HOUSEKEEP_JOBS_MAX: usize = 256;
     /// Runs of one job not yet terminal. An occurrence that would exceed it
     /// is recorded skipped, and a manual retry is refused; so cancelling a
     /// job's runs (delete, `replace`) touches at most this many.
@@ -137,10 +147,24 @@ pub enum Overlap {
 /// cluster time of the command that stores them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ScheduleInput {
-    Cron { expr: String, tz: String },
-    Every { every_ms: u64 },
-    At { at_ms: i64 },
-    After { after_ms: u64 },
+    Cron {
+        expr: String,
+        tz: String,
+    },
+    Every {
+        every_ms: u64,
+    },
+    At {
+        at_ms: i64,
+    },
+    After {
+        after_ms: u64,
+    },
+    /// A cron expression in Quartz's dialect (see `schedule`'s module doc).
+    Quartz {
+        expr: String,
+        tz: String,
+    },
 }
 
 impl ScheduleInput {
@@ -154,6 +178,10 @@ impl ScheduleInput {
                 every_ms: *every_ms,
                 anchor_ms: now_ms,
             },
+            ScheduleInput::Quartz { expr, tz } => Schedule::Quartz {
+                expr: expr.clone(),
+                tz: tz.clone(),
+            },
             ScheduleInput::At { at_ms } => Schedule::Once { at_ms: *at_ms },
             ScheduleInput::After { after_ms } => Schedule::Once {
                 at_ms: now_ms.saturating_add(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
@@ -165,6 +193,9 @@ impl ScheduleInput {
     pub fn matches(&self, stored: &Schedule) -> bool {
         match (self, stored) {
             (ScheduleInput::Cron { expr, tz }, Schedule::Cron { expr: e, tz: t }) => {
+                expr == e && tz == t
+            }
+            (ScheduleInput::Quartz { expr, tz }, Schedule::Quartz { expr: e, tz: t }) => {
                 expr == e && tz == t
             }
             (ScheduleInput::Every { every_ms }, Schedule::Every { every_ms: e, .. }) => {
@@ -190,6 +221,11 @@ pub struct Policy {
     pub overlap: Overlap,
     pub route: Route,
     pub fanout: Fanout,
+    /// Run records kept: beyond this the oldest finished ones are deleted.
+    pub keep_runs: u64,
+    /// Finished runs older than this (by finish time) are deleted; 0 keeps
+    /// them regardless of age.
+    pub keep_for_ms: u64,
 }
 
 impl Default for Policy {
@@ -204,6 +240,8 @@ impl Default for Policy {
             overlap: Overlap::Allow,
             route: Route::LeastLoaded,
             fanout: Fanout::One,
+            keep_runs: limits::KEEP_RUNS_DEFAULT,
+            keep_for_ms: 0,
         }
     }
 }
@@ -237,6 +275,10 @@ pub struct Job {
     pub buffered_at_ms: Option<i64>,
     /// Run records of this job currently stored (for history retention).
     pub history_len: u64,
+    /// When housekeeping should next look at this job's oldest runs (its
+    /// one `RETENTION_DUE` entry): never later than the moment one of them
+    /// may be deleted (`keep_runs` exceeded, or `keep_for` passed).
+    pub retention_due_ms: Option<i64>,
 }
 
 /// Identity of a run: one shard of one occurrence of a job. The triple is

@@ -65,11 +65,11 @@ pub fn schedule(s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
                 )));
             }
         }
-        ScheduleInput::Cron { .. } => {}
+        ScheduleInput::Cron { .. } | ScheduleInput::Quartz { .. } => {}
     }
     let resolved: Schedule = s.resolve(now_ms);
     resolved.validate().map_err(|e| invalid(e.to_string()))?;
-    if let Schedule::Cron { .. } = resolved {
+    if let Schedule::Cron { .. } | Schedule::Quartz { .. } = resolved {
         // A pattern that never matches would cost a search to the end of
         // the calendar on every later look; refuse it once, here.
         let next = resolved
@@ -112,7 +112,25 @@ pub fn job_spec_with(
 fn policy(p: &Policy) -> Result<(), CommandError> {
     priority_and_retries(p)?;
     route(&p.route)?;
-    fanout(p)
+    fanout(p)?;
+    history_limits(p)
+}
+
+fn history_limits(p: &Policy) -> Result<(), CommandError> {
+    if p.keep_runs == 0 || p.keep_runs > limits::KEEP_RUNS_MAX {
+        return Err(invalid(format!(
+            "keep_runs: must be between 1 and {}, got {}",
+            limits::KEEP_RUNS_MAX,
+            p.keep_runs
+        )));
+    }
+    if p.keep_for_ms > limits::KEEP_FOR_MAX_MS {
+        return Err(invalid(format!(
+            "keep_for: at most 10 years, got {} ms",
+            p.keep_for_ms
+        )));
+    }
+    Ok(())
 }
 
 fn priority_and_retries(p: &Policy) -> Result<(), CommandError> {
@@ -266,6 +284,23 @@ mod tests {
         s.policy.priority = 5;
         s.policy.max_attempts = 0;
         assert!(err(&s).starts_with("max_attempts:"));
+    }
+
+    #[test]
+    fn history_limits_name_their_field_and_rule() {
+        let mut s = spec();
+        s.policy.keep_runs = 0;
+        assert_eq!(err(&s), "keep_runs: must be between 1 and 100000, got 0");
+        s.policy.keep_runs = limits::KEEP_RUNS_MAX + 1;
+        assert_eq!(
+            err(&s),
+            "keep_runs: must be between 1 and 100000, got 100001"
+        );
+        s.policy.keep_runs = limits::KEEP_RUNS_MAX;
+        s.policy.keep_for_ms = limits::KEEP_FOR_MAX_MS;
+        assert!(job_spec(&s, 1_000_000).is_ok());
+        s.policy.keep_for_ms = limits::KEEP_FOR_MAX_MS + 1;
+        assert_eq!(err(&s), "keep_for: at most 10 years, got 316224000001 ms");
     }
 
     #[test]

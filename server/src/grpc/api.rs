@@ -14,6 +14,7 @@ use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
 use super::{error, forwarded, read_barrier, route, write_now_ms};
 use crate::backup;
 use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
+use crate::handover;
 use crate::membership;
 use crate::node::Node;
 
@@ -496,6 +497,22 @@ impl pb::cluster_server::Cluster for Api {
         members_out(membership::remove(&self.node, req.into_inner().id).await)
     }
 
+    async fn transfer_leader(
+        &self,
+        req: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        forward!(self, req, Need::Admin, ClusterClient, transfer_leader);
+        let to = Some(req.into_inner().id).filter(|id| *id != 0);
+        let h = handover::transfer_leader(&self.node, to)
+            .await
+            .map_err(error::handover)?;
+        Ok(Response::new(pb::TransferLeaderResponse {
+            leader: h.leader,
+            previous: h.previous,
+            took_ms: h.took_ms.max(0) as u64,
+        }))
+    }
+
     async fn status(
         &self,
         req: Request<pb::StatusRequest>,
@@ -567,7 +584,11 @@ impl pb::cluster_server::Cluster for Api {
         if leader == 0 {
             leader = self.node.leader().map(|(id, _)| id).unwrap_or(0);
         }
-        Ok(Response::new(pb::StatusResponse { leader, nodes }))
+        Ok(Response::new(pb::StatusResponse {
+            leader,
+            nodes,
+            membership_changing: self.node.membership_changing(),
+        }))
     }
 }
 

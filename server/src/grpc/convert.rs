@@ -17,10 +17,25 @@ pub fn schedule_in(s: Option<pb::Schedule>) -> Result<ScheduleInput, Status> {
         None => Err(invalid(
             "schedule: required (one of cron, every_ms, at_ms, after_ms)",
         )),
-        Some(Kind::Cron(c)) => Ok(ScheduleInput::Cron {
-            expr: c.expr,
-            tz: c.tz,
-        }),
+        Some(Kind::Cron(c)) => match c.dialect.as_str() {
+            "quartz" => Ok(ScheduleInput::Quartz {
+                expr: c.expr,
+                tz: c.tz,
+            }),
+            "" if crate::core::schedule::looks_like_quartz(&c.expr) => Err(invalid(
+                "schedule.cron.dialect: the expression has a '?' day field (Quartz syntax), whose \
+                 weekday numbers differ from unix cron (Quartz 1-7 = SUN-SAT); set dialect \
+                 \"quartz\" (or \"unix\" to read it as Vixie cron)",
+            )),
+            "" | "unix" => Ok(ScheduleInput::Cron {
+                expr: c.expr,
+                tz: c.tz,
+            }),
+            other => Err(invalid(format!(
+                "schedule.cron.dialect: must be \"unix\" or \"quartz\", got {:?}",
+                other.chars().take(32).collect::<String>()
+            ))),
+        },
         Some(Kind::EveryMs(ms)) => Ok(ScheduleInput::Every { every_ms: ms }),
         Some(Kind::AtMs(ms)) => Ok(ScheduleInput::At { at_ms: ms }),
         Some(Kind::AfterMs(ms)) => Ok(ScheduleInput::After { after_ms: ms }),
@@ -75,6 +90,8 @@ pub fn policy_in(s: &pb::JobSpec) -> Result<Policy, Status> {
         backoff_ms: or_default(s.backoff_ms, limits::DEFAULT_BACKOFF_MS),
         priority: priority as u8,
         overlap,
+        keep_runs: or_default(s.keep_runs, limits::KEEP_RUNS_DEFAULT),
+        keep_for_ms: s.keep_for_ms,
     })
 }
 
@@ -125,6 +142,12 @@ fn schedule_out(s: &crate::core::Schedule) -> pb::Schedule {
         S::Cron { expr, tz } => Kind::Cron(pb::Cron {
             expr: expr.clone(),
             tz: tz.clone(),
+            dialect: "unix".into(),
+        }),
+        S::Quartz { expr, tz } => Kind::Cron(pb::Cron {
+            expr: expr.clone(),
+            tz: tz.clone(),
+            dialect: "quartz".into(),
         }),
         S::Every { every_ms, .. } => Kind::EveryMs(*every_ms),
         S::Once { at_ms } => Kind::AtMs(*at_ms),
@@ -167,6 +190,8 @@ pub fn job_out(j: &Job) -> pb::Job {
             _ => None,
         },
         broadcast: p.fanout == Fanout::Broadcast,
+        keep_runs: p.keep_runs,
+        keep_for_ms: p.keep_for_ms,
     };
     pb::Job {
         spec: Some(spec),

@@ -79,3 +79,14 @@ pub fn backup(e: crate::backup::BackupError) -> Status {
         B::Failed(msg) => Status::unavailable(msg),
     }
 }
+
+/// A handover that did not start is a refusal; one that started and was not
+/// seen to finish is ABORTED, not retried: leadership may still move.
+pub fn handover(e: crate::handover::HandoverError) -> Status {
+    use crate::handover::HandoverError as H;
+    match e {
+        H::Refused(msg) => Status::failed_precondition(msg),
+        H::NotLeader { leader } => not_leader(leader),
+        H::Incomplete(msg) => Status::aborted(msg),
+    }
+}

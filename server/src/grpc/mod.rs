@@ -168,8 +168,7 @@ pub async fn read_barrier<T>(node: &Node, req: &Request<T>) -> Result<(), Status
     if has_header(req, LOCAL_HEADER) {
         return Ok(());
     }
-    node.raft
-        .ensure_linearizable()
+    node.ensure_linearizable()
         .await
         .map(|_| ())
         .map_err(|e| match e {

@@ -6,12 +6,15 @@
 
 use std::sync::Arc;
 
-use kairos_proto::peer::{peer_server::Peer, Blob, ClockProbeResponse, Empty, LocalStatusResponse};
+use kairos_proto::peer::{
+    peer_server::Peer, Blob, ClockProbeResponse, ElectRequest, Empty, LocalStatusResponse,
+};
 use tonic::{Request, Response, Status};
 
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 
 use crate::core::codec::{decode, encode};
+use crate::handover::{HandoverError, RPC_TIMEOUT};
 use crate::node::Node;
 use crate::raft::network::SENDER_HEADER;
 use crate::raft::{NodeId, TypeConfig};
@@ -25,6 +28,13 @@ fn bad(e: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("peer message does not decode: {e}"))
 }
 
+/// The node a peer request says it comes from (checked against the
+/// certificate by [`PeerService::sender`] when there is TLS).
+fn claimed_sender<T>(req: &Request<T>) -> Option<NodeId> {
+    let v = req.metadata().get(SENDER_HEADER)?.to_str().ok()?;
+    v.parse().ok()
+}
+
 impl PeerService {
     /// With TLS: the node the request's certificate proves it comes from.
     /// Without TLS (loopback development, or --insecure): None, nothing to check.
@@ -32,16 +42,11 @@ impl PeerService {
         if self.node.dialer.tls.is_none() {
             return Ok(None);
         }
-        let claimed = req
-            .metadata()
-            .get(SENDER_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<NodeId>().ok())
-            .ok_or_else(|| {
-                Status::unauthenticated(format!(
-                    "peer request without a valid {SENDER_HEADER} header"
-                ))
-            })?;
+        let claimed = claimed_sender(req).ok_or_else(|| {
+            Status::unauthenticated(format!(
+                "peer request without a valid {SENDER_HEADER} header"
+            ))
+        })?;
         let certs = req.peer_certs().unwrap_or_default();
         match certs.first() {
             Some(c) if tls::names_node(c, claimed) => Ok(Some(claimed)),
@@ -114,6 +119,71 @@ impl Peer for PeerService {
         Ok(Response::new(ClockProbeResponse {
             now_ms: self.node.clock.local_ms(),
         }))
+    }
+
+    /// A handover: the leader this node follows asks it to campaign now.
+    async fn elect(&self, req: Request<ElectRequest>) -> Result<Response<Empty>, Status> {
+        self.sender(&req)?;
+        let from = claimed_sender(&req);
+        let min = req.into_inner().min_last_log_index;
+        let m = self.node.raft.metrics().borrow().clone();
+        let me = self.node.id;
+        if !m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|id| id == me)
+        {
+            return Err(Status::failed_precondition(format!(
+                "node {me} is not a voter"
+            )));
+        }
+        if from.is_none() || from != m.current_leader {
+            return Err(Status::failed_precondition(format!(
+                "election request from node {from:?}, but node {me} follows {:?}",
+                m.current_leader
+            )));
+        }
+        let last = m.last_log_index.unwrap_or(0);
+        if last < min {
+            return Err(Status::failed_precondition(format!(
+                "node {me}'s log ends at index {last}, the leader's at {min}"
+            )));
+        }
+        tracing::info!(leader = from, "handover: starting an election");
+        self.node
+            .raft
+            .trigger()
+            .elect()
+            .await
+            .map_err(|e| Status::unavailable(format!("raft: {e}")))?;
+        Ok(Response::new(Empty {}))
+    }
+}
+
+/// Asks voter `target` (peer address `addr`) to campaign now; it refuses
+/// unless its log reaches `min_last_log_index` and it follows this node.
+pub async fn ask_elect(
+    node: &Node,
+    target: NodeId,
+    addr: &str,
+    min_last_log_index: u64,
+) -> Result<(), HandoverError> {
+    let mut client = node.peer_rpc(target, addr).ok_or_else(|| {
+        HandoverError::Refused(format!("node {target}: bad peer address {addr:?}"))
+    })?;
+    let mut req = Request::new(ElectRequest { min_last_log_index });
+    req.set_timeout(RPC_TIMEOUT);
+    match client.elect(req).await {
+        Ok(_) => Ok(()),
+        Err(s) if s.code() == tonic::Code::FailedPrecondition => Err(HandoverError::Refused(
+            format!("node {target} refused to take over: {}", s.message()),
+        )),
+        // It may have started the election before the answer was lost.
+        Err(s) => Err(HandoverError::Incomplete(format!(
+            "node {target} did not answer the election request ({}); check `cluster status`",
+            s.message()
+        ))),
     }
 }
 

@@ -21,6 +21,11 @@ use crate::node::Node;
 /// Most runs one worker may hold at once.
 pub const CAPACITY_MAX: u32 = 10_000;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A stream whose node stopped leading waits up to this many polls of
+/// `NEW_LEADER_POLL` to learn the new leader before redirecting the worker:
+/// an empty redirect sends it through the endpoints 200 ms apart.
+const NEW_LEADER_POLLS: u32 = 200;
+const NEW_LEADER_POLL: Duration = Duration::from_millis(10);
 
 pub struct WorkerService {
     pub node: Arc<Node>,
@@ -135,7 +140,7 @@ async fn run_session(
                     }
                     None => {
                         // Leadership moved: point the worker at the new leader.
-                        let leader_addr = node.leader().filter(|(id, _)| *id != node.id).map(|(_, a)| a).unwrap_or_default();
+                        let leader_addr = new_leader_addr(&node).await;
                         let _ = out.send(msg(Out::Redirect(pb::Redirect { leader_addr }))).await;
                         break;
                     }
@@ -149,6 +154,18 @@ async fn run_session(
     }
     node.dispatcher.unregister(conn);
     tracing::info!(worker = %hello.worker_id, "worker disconnected");
+}
+
+/// The public address of the leader after this node, once known (empty if
+/// none is known within `NEW_LEADER_POLLS`; after a handover it is at once).
+async fn new_leader_addr(node: &Node) -> String {
+    for _ in 0..NEW_LEADER_POLLS {
+        if let Some((_, addr)) = node.leader().filter(|(id, _)| *id != node.id) {
+            return addr;
+        }
+        tokio::time::sleep(NEW_LEADER_POLL).await;
+    }
+    String::new()
 }
 
 /// Builds the assignment from committed state; false when the stream is gone.

@@ -27,6 +27,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
 
@@ -56,7 +57,7 @@ pub enum ToWorker {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 struct Queued {
     priority: u8,
     run: RunId,
@@ -64,6 +65,8 @@ struct Queued {
     timeout_ms: u64,
     route: Route,
     shard_count: u32,
+    /// When it became ready here (for the dispatch latency metric).
+    ready_at: Instant,
 }
 
 impl Ord for Queued {
@@ -76,6 +79,14 @@ impl Ord for Queued {
             .then_with(|| other.run.shard.cmp(&self.run.shard))
     }
 }
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Queued {}
 
 impl PartialOrd for Queued {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
@@ -180,6 +191,8 @@ pub struct Handed {
     pub run: RunId,
     pub attempt: u32,
     pub worker: String,
+    /// How long it waited here between ready and handed.
+    pub waited: Duration,
 }
 
 pub struct Dispatcher {
@@ -561,6 +574,7 @@ impl State {
             timeout_ms: r.timeout_ms,
             route: r.route,
             shard_count: r.shard_count,
+            ready_at: Instant::now(),
         });
         self.queued.insert(r.run);
     }
@@ -620,6 +634,7 @@ impl State {
             run: item.run.clone(),
             attempt: item.attempt,
             worker: w.id.clone(),
+            waited: item.ready_at.elapsed(),
         });
         let lease = Lease {
             attempt: item.attempt,

@@ -5,6 +5,7 @@
 //! decides; dispatch follows only from committed effects.
 
 pub mod dispatch;
+pub mod housekeep;
 pub mod wheel;
 
 use std::sync::Arc;
@@ -44,14 +45,22 @@ const FIRE_PROPOSAL_KEYS: usize = 1024;
 pub async fn supervise(node: Arc<Node>) {
     let mut metrics = node.raft.metrics();
     let mut current: Option<(u64, tokio::task::JoinHandle<()>)> = None;
+    let mut leader_seen = None;
     loop {
-        let (leading, term) = {
+        let (leading, term, leader) = {
             let m = metrics.borrow_and_update();
             (
                 m.state == ServerState::Leader && m.current_leader == Some(node.id),
                 m.current_term,
+                m.current_leader,
             )
         };
+        if leader.is_some() && leader != leader_seen {
+            if leader_seen.is_some() {
+                node.metrics.leader_changed();
+            }
+            leader_seen = leader;
+        }
         match (&current, leading) {
             (Some((t, _)), true) if *t == term => {}
             (_, true) => {
@@ -86,6 +95,7 @@ fn stop(node: &Node, task: Option<(u64, tokio::task::JoinHandle<()>)>) {
 async fn lead(node: Arc<Node>) {
     // Aborted with this task when leadership ends.
     let _prober = AbortOnDrop(tokio::spawn(probe_clocks(node.clone())));
+    let _housekeeper = AbortOnDrop(tokio::spawn(housekeep::run(node.clone())));
     let mut backoff = Duration::from_millis(250);
     loop {
         let started_ms = node.clock.mono_ms();
@@ -94,6 +104,7 @@ async fn lead(node: Arc<Node>) {
             r = watch_quorum(&node) => r,
         };
         node.dispatcher.clear();
+        node.metrics.set_wheel_entries(0);
         // A leader cut off from its quorum fails fast and repeatedly: back
         // off (up to 2 s) and say so once per attempt, not twice a second.
         backoff = if node.clock.mono_ms() - started_ms > 10_000 {
@@ -129,7 +140,7 @@ async fn watch_quorum(node: &Node) -> anyhow::Result<()> {
     let mut confirmed_ms = node.clock.mono_ms();
     loop {
         sleep(QUORUM_CHECK).await;
-        let round = tokio::time::timeout(QUORUM_LOST, node.raft.get_read_log_id()).await;
+        let round = tokio::time::timeout(QUORUM_LOST, node.confirm_leadership()).await;
         let since_ms = node.clock.mono_ms() - confirmed_ms;
         match round {
             Ok(Ok(_)) => confirmed_ms = node.clock.mono_ms(),
@@ -153,7 +164,7 @@ impl Term {
     async fn start(node: Arc<Node>) -> anyhow::Result<()> {
         // Subscribe before reading state so no effect falls in between.
         let mut effects = node.sm.subscribe();
-        node.raft.ensure_linearizable().await?;
+        node.ensure_linearizable().await?;
         let now = loop {
             if let Some(now) = node.clock.calibrated_now_ms() {
                 break now;
@@ -186,6 +197,7 @@ impl Term {
             term.page_in();
             let now = term.node.clock.now_ms();
             term.refill(now);
+            term.node.metrics.set_wheel_entries(term.wheel.len());
             let can_fire = firing.len() < FIRES_IN_FLIGHT;
             if can_fire {
                 let due: Vec<WheelKey> = term
@@ -303,7 +315,13 @@ impl Term {
                         self.wheel.insert(k.clone(), k.fire_at_ms);
                     }
                 }
-                Effect::Ready(r) => d.ready(r.clone()),
+                Effect::Ready(r) => {
+                    if r.attempt == 1 {
+                        let late = self.node.clock.now_ms() - r.run.scheduled_at_ms;
+                        self.node.metrics.fired(&r.group, late);
+                    }
+                    d.ready(r.clone())
+                }
                 Effect::Ended { run, attempt } => d.ended(run, *attempt),
                 Effect::Cancel { run, attempt } => d.cancel(run, *attempt),
             }

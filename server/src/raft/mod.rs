@@ -3,12 +3,13 @@
 
 pub mod network;
 
-use crate::core::{Command, Response};
+use crate::core::{Response, VersionedCommand};
 
 openraft::declare_raft_types!(
-    /// Kairos' Raft types: commands in, responses out, u64 node ids.
+    /// Kairos' Raft types: commands (with their log format) in, responses
+    /// out, u64 node ids.
     pub TypeConfig:
-        D = Command,
+        D = VersionedCommand,
         R = Response,
         NodeId = u64,
         Node = openraft::BasicNode,

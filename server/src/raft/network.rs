@@ -422,7 +422,7 @@ mod tests {
         };
         crate::raft::Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(cmd),
+            payload: EntryPayload::Normal(cmd.into()),
         }
     }
 

@@ -2,6 +2,7 @@
 //! and the replicated state live in separate trees of one sled database;
 //! `kv` puts them behind the project's own [`kv::KvTree`] trait.
 
+pub mod format;
 pub mod kv;
 pub mod log;
 pub mod sm;
@@ -19,12 +20,8 @@ pub use sm::StateMachine;
 pub enum StoreError {
     #[error("storage: {0}")]
     Sled(#[from] sled::Error),
-    #[error("storage: data directory {dir} holds format version {found}, this binary understands {expected}")]
-    Version {
-        dir: String,
-        found: u32,
-        expected: u32,
-    },
+    #[error("storage: {0}")]
+    Format(#[from] crate::core::codec::FormatError),
     #[error("storage: corrupt value: {0}")]
     Corrupt(String),
 }
@@ -37,6 +34,7 @@ pub fn open(
     sm_opts: sm::Options,
 ) -> Result<(LogStore, StateMachine), StoreError> {
     std::fs::create_dir_all(dir).map_err(|e| StoreError::Sled(e.into()))?;
+    format::check_or_create(dir)?;
     let db = sled::Config::new()
         .path(dir.join("db"))
         .mode(sled::Mode::HighThroughput)

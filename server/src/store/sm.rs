@@ -29,12 +29,15 @@ pub type EffectBatch = Arc<Vec<Effect>>;
 pub struct Options {
     /// Capacity of the effect channel; a lagging leader task resyncs from state.
     pub effect_capacity: usize,
+    /// Where apply times are observed.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             effect_capacity: 4096,
+            metrics: Arc::default(),
         }
     }
 }
@@ -52,6 +55,7 @@ struct Inner {
     effects: broadcast::Sender<EffectBatch>,
     /// State keys written or deleted by apply since open (for benchmarks).
     writes_total: std::sync::atomic::AtomicU64,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -71,22 +75,6 @@ impl StateMachine {
             finish_install(&tree, &snapshot_path.with_extension("recv"), &snapshot_path)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         }
-        match KvTree::get(&tree, keys::META_VERSION)? {
-            None => {
-                tree.insert(keys::META_VERSION, encode(&keys::STATE_VERSION))?;
-            }
-            Some(b) => {
-                let found: u32 = decode(&b).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                if found != keys::STATE_VERSION {
-                    let dir = dir.display().to_string();
-                    return Err(StoreError::Version {
-                        dir,
-                        found,
-                        expected: keys::STATE_VERSION,
-                    });
-                }
-            }
-        }
         if let Some(before) = record_tzdata(&db.open_tree(LOCAL_TREE)?)? {
             tracing::error!(
                 before = %before,
@@ -104,10 +92,22 @@ impl StateMachine {
             apply_lock: Mutex::new(()),
             effects,
             writes_total: Default::default(),
+            metrics: opts.metrics,
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
         })
+    }
+
+    /// Applies `cmd` straight to the store, outside Raft. Only for preparing
+    /// a data directory that no node serves yet (`kairos restore`): what it
+    /// writes is in no log, so every node of the new cluster must be
+    /// prepared from the same file (bootstrap compares their digests).
+    pub fn apply_offline(&self, cmd: &core::Command) -> Result<Response, StoreError> {
+        let applied = core::apply(&TreeView(&self.inner.tree), cmd);
+        self.inner.tree.apply(&applied.writes)?;
+        self.inner.db.flush()?;
+        Ok(applied.response)
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<EffectBatch> {
@@ -153,6 +153,11 @@ impl StateMachine {
     pub fn token_by_hash(&self, hash: &str) -> Option<core::Token> {
         let name: String = self.meta(&keys::token_hash(hash))?;
         self.meta(&keys::token(&name))
+    }
+
+    /// Whether a `Housekeep` at `now_ms` would find work.
+    pub fn housekeeping_due(&self, now_ms: i64) -> bool {
+        core::query::housekeeping_due(&self.view(), now_ms)
     }
 
     /// The file holding the current snapshot (`snapshot.bin`).
@@ -287,16 +292,24 @@ impl StateMachine {
         let mut responses = Vec::with_capacity(entries.len());
         let mut effects = Vec::new();
         let count = entries.len();
+        let mut crash = false;
         for (i, entry) in entries.into_iter().enumerate() {
             let log_id = entry.log_id;
             match entry.payload {
                 EntryPayload::Blank => responses.push(Response::Empty),
                 EntryPayload::Membership(m) => {
+                    crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
                     let stored = StoredMembership::new(Some(entry.log_id), m);
                     overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
                     responses.push(Response::Empty);
                 }
-                EntryPayload::Normal(cmd) => {
+                EntryPayload::Normal(logged) => {
+                    let cmd = logged.command(entry.log_id.index).map_err(|e| {
+                        // Nothing from this entry on is written: the node stops
+                        // applying here, and again at this entry after a restart.
+                        tracing::error!("refusing to apply: {e}");
+                        StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
+                    })?;
                     let applied = core::apply(&overlay, &cmd);
                     pending += applied.writes.len();
                     for w in applied.writes {
@@ -316,6 +329,9 @@ impl StateMachine {
                 pending = 0;
             }
         }
+        if crash {
+            crash_now("applied a joint configuration");
+        }
         Ok((responses, effects))
     }
 
@@ -328,6 +344,22 @@ impl StateMachine {
     pub fn writes_total(&self) -> u64 {
         self.inner.writes_total.load(Ordering::Relaxed)
     }
+}
+
+/// Fault injection for the crash tests, off unless the environment says
+/// `KAIROS_FAILPOINT=crash-on-joint`: the node SIGKILLs itself right after
+/// applying a joint configuration, so a membership change is cut between
+/// its two steps exactly (the leader applies the joint entry before it
+/// proposes the second one).
+fn failpoint_crash_on_joint() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KAIROS_FAILPOINT").is_ok_and(|v| v == "crash-on-joint"))
+}
+
+fn crash_now(why: &str) {
+    tracing::error!("failpoint: SIGKILL after it {why}");
+    let me = rustix::process::getpid();
+    let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
@@ -446,13 +478,7 @@ fn finish_install(tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Re
 /// time during install: the check is cheap next to the load, and the disk
 /// may have changed it).
 fn load(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
-    let (version, _) = snapfile::verify(path)?;
-    if version != keys::STATE_VERSION {
-        return Err(std::io::Error::other(format!(
-            "snapshot format version {version}, this binary understands {}",
-            keys::STATE_VERSION
-        )));
-    }
+    snapfile::verify(path)?;
     let io = std::io::Error::other;
     // Delete everything but the marker, in bounded batches.
     loop {
@@ -551,9 +577,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // A batch can take a while: off the async workers, so Raft
             // messages and heartbeats on this node are not held up behind it.
             let sm = self.clone();
-            tokio::task::spawn_blocking(move || sm.apply_entries(entries))
+            let start = std::time::Instant::now();
+            let applied = tokio::task::spawn_blocking(move || sm.apply_entries(entries))
                 .await
-                .map_err(sm_err)??
+                .map_err(sm_err)??;
+            self.inner.metrics.applied(start.elapsed());
+            applied
         };
         if !effects.is_empty() {
             // No receiver (not leader) is fine: followers have no leader work.
@@ -588,16 +617,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
         let recv = self.received_file(snapshot).await?;
-        let (version, held) = {
+        let verified = {
             let recv = recv.clone();
-            blocking(move || snapfile::verify(&recv)).await?
+            tokio::task::spawn_blocking(move || snapfile::verify(&recv))
+                .await
+                .map_err(snap_err)?
         };
-        if held.last_log_id != meta.last_log_id || version != keys::STATE_VERSION {
+        // A snapshot of a format this binary does not read is refused here,
+        // both versions named, and the node stops rather than misload it.
+        let (_, held) = verified.map_err(|e| {
+            tracing::error!("refusing to install a received snapshot: {e}");
+            snap_err(e)
+        })?;
+        if held.last_log_id != meta.last_log_id {
             let e = StoreError::Corrupt(format!(
-                "received snapshot holds {:?} (format {version}), expected {:?} (format {})",
-                held.last_log_id,
-                meta.last_log_id,
-                keys::STATE_VERSION
+                "received snapshot holds {:?}, expected {:?}",
+                held.last_log_id, meta.last_log_id
             ));
             return Err(snap_err(e));
         }
@@ -635,10 +670,13 @@ mod tests {
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
-            payload: EntryPayload::Normal(Command::CreateJob {
-                spec,
-                now_ms: 1_000_000,
-            }),
+            payload: EntryPayload::Normal(
+                Command::CreateJob {
+                    spec,
+                    now_ms: 1_000_000,
+                }
+                .into(),
+            ),
         }
     }
 
@@ -768,6 +806,29 @@ mod tests {
         drop((b, current));
         let b = open(b_dir.path());
         assert_eq!(b.digest().await, after, "reopens with the same state");
+    }
+
+    #[tokio::test]
+    async fn an_entry_of_a_newer_log_format_stops_applying_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open(dir.path());
+        sm.apply([create(1)]).await.unwrap();
+        let before = sm.digest().await;
+        // A batch whose second entry a newer binary wrote: the first of it
+        // is not applied either, so a restart meets the same entry again.
+        let mut newer = create(3);
+        if let EntryPayload::Normal(c) = &mut newer.payload {
+            c.format = crate::core::command::LOG_FORMAT + 1;
+        }
+        let e = sm.apply([create(2), newer]).await.unwrap_err().to_string();
+        let want = format!(
+            "log entry 3 has format version {}, newer than this binary's {}",
+            crate::core::command::LOG_FORMAT + 1,
+            crate::core::command::LOG_FORMAT
+        );
+        assert!(e.contains(&want), "{e}");
+        assert_eq!(sm.digest().await, before);
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(1));
     }
 
     #[tokio::test]

@@ -10,6 +10,11 @@
 //! trailer, with another count or hash, or with bytes after the trailer is
 //! truncated or corrupt and is refused. [`verify`] reads a whole file this
 //! way, so a received snapshot is checked before it replaces anything.
+//!
+//! `MAGIC | format version` is the part of the layout every format keeps:
+//! a file of a format this binary does not read (`keys::STATE_VERSION`,
+//! back to `keys::STATE_VERSION_OLDEST`) is refused right after it, with
+//! both versions named, before anything else of it is read.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -17,7 +22,8 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::core::codec::{decode, encode};
+use crate::core::codec::{check_format, decode, encode};
+use crate::core::keys;
 use crate::raft::SnapshotMeta;
 
 const MAGIC: &[u8; 8] = b"KAIROSNP";
@@ -127,6 +133,8 @@ impl Reader {
             return Err(corrupt("not a Kairos snapshot (bad magic)"));
         }
         let version = read_u32(&mut r)?;
+        let (oldest, known) = (keys::STATE_VERSION_OLDEST, keys::STATE_VERSION);
+        check_format("snapshot file", version, oldest, known).map_err(io::Error::other)?;
         let meta_len = read_u32(&mut r)?;
         if meta_len > META_MAX_BYTES {
             return Err(corrupt(format!("meta of {meta_len} bytes")));
@@ -219,7 +227,7 @@ mod tests {
     }
 
     fn write(path: &Path, pairs: &[(&[u8], &[u8])]) {
-        let mut w = Writer::create(path, 7, &meta()).unwrap();
+        let mut w = Writer::create(path, keys::STATE_VERSION, &meta()).unwrap();
         for (k, v) in pairs {
             w.pair(k, v).unwrap();
         }
@@ -232,7 +240,8 @@ mod tests {
         let path = dir.path().join("s");
         write(&path, &[(b"a", b"1"), (b"bb", b""), (b"", b"xyz")]);
         let mut r = Reader::open(&path).unwrap();
-        assert_eq!((r.version, r.meta.snapshot_id.as_str()), (7, "t-1"));
+        let got = (r.version, r.meta.snapshot_id.as_str());
+        assert_eq!(got, (keys::STATE_VERSION, "t-1"));
         let mut got = Vec::new();
         while let Some(p) = r.next_pair().unwrap() {
             got.push(p);
@@ -263,12 +272,41 @@ mod tests {
     }
 
     #[test]
+    fn a_file_of_another_format_is_refused_naming_both_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let newer = keys::STATE_VERSION + 1;
+        let mut w = Writer::create(&path, newer, &meta()).unwrap();
+        w.pair(b"k", b"v").unwrap();
+        w.finish().unwrap();
+        let e = verify(&path).unwrap_err().to_string();
+        let want = format!(
+            "snapshot file has format version {newer}, newer than this binary's {}",
+            keys::STATE_VERSION
+        );
+        assert!(e.starts_with(&want), "{e}");
+        // Refused on the version alone: what follows it is never read.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.truncate(MAGIC.len() + 4);
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(verify(&path).unwrap_err().to_string().starts_with(&want));
+        let older = keys::STATE_VERSION_OLDEST - 1;
+        bytes[MAGIC.len()..].copy_from_slice(&older.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = verify(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("format version {older}, older than")),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn verify_refuses_any_flipped_byte_any_cut_and_any_extra_byte() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s");
         write(&path, &[(b"key", b"value"), (b"k2", b"v2"), (b"", b"")]);
         let full = std::fs::read(&path).unwrap();
-        assert_eq!(verify(&path).unwrap().0, 7);
+        assert_eq!(verify(&path).unwrap().0, keys::STATE_VERSION);
         for i in 0..full.len() {
             let mut bad = full.clone();
             bad[i] ^= 0x10;

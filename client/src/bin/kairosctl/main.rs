@@ -63,9 +63,29 @@ enum Cmd {
     /// Backups (admin token required).
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Schedules without a job.
+    #[command(subcommand)]
+    Schedule(ScheduleCmd),
     /// Run a ready worker for a group. WARNING: it EXECUTES whatever the jobs
     /// of that group send it (`--exec shell` runs the payload with `sh -c`).
     Worker(exec::WorkerArgs),
+}
+
+#[derive(Subcommand)]
+enum ScheduleCmd {
+    /// The next fire times of a cron expression, computed by the cluster as
+    /// for a job (nothing is stored).
+    Preview {
+        expr: String,
+        /// IANA time zone (default UTC).
+        #[arg(long)]
+        tz: Option<String>,
+        /// unix or quartz (see `job create --dialect`).
+        #[arg(long, value_parser = ["unix", "quartz"])]
+        dialect: Option<String>,
+        #[arg(long, default_value_t = 5)]
+        count: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -119,6 +139,10 @@ struct SpecArgs {
     /// IANA time zone for --cron (default UTC).
     #[arg(long, requires = "cron")]
     tz: Option<String>,
+    /// How --cron is read: unix (Vixie cron, weekdays 0-7 from Sunday=0) or
+    /// quartz (6/7 fields, weekdays 1-7 from Sunday=1, one day field '?').
+    #[arg(long, requires = "cron", value_parser = ["unix", "quartz"])]
+    dialect: Option<String>,
     /// Fixed rate, e.g. 200ms, 30s, 1m, 1h30m.
     #[arg(long, group = "schedule")]
     every: Option<String>,
@@ -162,6 +186,14 @@ struct SpecArgs {
     /// One run per worker of the group connected when the occurrence fires.
     #[arg(long)]
     broadcast: bool,
+    /// Finished run records kept, 1 to 100000 (default 10000); the oldest
+    /// finished ones beyond it are deleted. Active runs are always kept.
+    #[arg(long)]
+    keep_runs: Option<u64>,
+    /// Delete finished runs older than this, e.g. 7d (default: keep them
+    /// regardless of age).
+    #[arg(long)]
+    keep_for: Option<String>,
 }
 
 /// Parses `key=value` for `--label`.
@@ -199,8 +231,12 @@ enum ClusterCmd {
     AddLearner { id: u64, peer_addr: String },
     /// Make a learner a voter.
     Promote { id: u64 },
-    /// Remove a voter or learner from the cluster.
+    /// Remove a voter or learner from the cluster (the leader's own node:
+    /// leadership is handed over first and the new leader removes it).
     Remove { id: u64 },
+    /// Hand leadership to voter ID (default: the most up-to-date other
+    /// voter) without an election timeout; prints the new leader.
+    TransferLeader { id: Option<u64> },
     /// Replace voter OLD by a new node NEW (started with --join): add it as
     /// a learner, wait until it has caught up, promote it, remove OLD. Each
     /// step is skipped when already done, so an interrupted replace is
@@ -219,13 +255,20 @@ enum ClusterCmd {
 const PROMOTE_LAG_MAX: u64 = 100;
 
 async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result<()> {
-    let print =
-        |m: &pb::MembershipResponse| println!("voters {:?}, learners {:?}", m.voters, m.learners);
+    let print = |m: &pb::MembershipResponse| {
+        let v = json!({"voters": m.voters, "learners": m.learners});
+        print_value(
+            out,
+            v,
+            &format!("voters {:?}, learners {:?}", m.voters, m.learners),
+        );
+    };
     match cmd {
         ClusterCmd::Status => cluster_status(c, out).await?,
         ClusterCmd::AddLearner { id, peer_addr } => print(&add_learner(c, id, &peer_addr).await?),
         ClusterCmd::Promote { id } => print(&promote(c, id).await?),
         ClusterCmd::Remove { id } => print(&remove_node(c, id).await?),
+        ClusterCmd::TransferLeader { id } => transfer_leader(c, out, id).await?,
         ClusterCmd::Replace {
             old_id,
             new_id,
@@ -257,6 +300,24 @@ async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result
     Ok(())
 }
 
+/// Asks the cluster for fire times and prints them.
+async fn next_fires(c: &Client, out: Output, req: pb::NextFiresRequest) -> anyhow::Result<()> {
+    let r = c
+        .jobs(|mut j| {
+            let r = req.clone();
+            async move { j.next_fires(r).await }
+        })
+        .await?;
+    let text = r
+        .fire_at_ms
+        .iter()
+        .map(|t| time_text(*t))
+        .collect::<Vec<_>>()
+        .join("\n");
+    print_value(out, json!(r.fire_at_ms), &text);
+    Ok(())
+}
+
 async fn add_learner(
     c: &Client,
     id: u64,
@@ -281,6 +342,23 @@ async fn remove_node(c: &Client, id: u64) -> anyhow::Result<pb::MembershipRespon
         c.call(|ch| async move { ClusterClient::new(ch).remove_node(req).await })
             .await?,
     )
+}
+
+async fn transfer_leader(c: &Client, out: Output, id: Option<u64>) -> anyhow::Result<()> {
+    use pb::cluster_client::ClusterClient;
+    let req = pb::TransferLeaderRequest {
+        id: id.unwrap_or(0),
+    };
+    let r = c
+        .call(|ch| async move { ClusterClient::new(ch).transfer_leader(req).await })
+        .await?;
+    let text = format!(
+        "leader: node {} (was node {}, handed over in {} ms)",
+        r.leader, r.previous, r.took_ms
+    );
+    let v = json!({"leader": r.leader, "previous": r.previous, "took_ms": r.took_ms});
+    print_value(out, v, &text);
+    Ok(())
 }
 
 async fn promote(c: &Client, id: u64) -> anyhow::Result<pb::MembershipResponse> {
@@ -511,6 +589,7 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         Kind::Cron(pb::Cron {
             expr: c.clone(),
             tz: a.tz.clone().unwrap_or_default(),
+            dialect: a.dialect.clone().unwrap_or_default(),
         })
     } else if let Some(e) = &a.every {
         Kind::EveryMs(duration_ms(e)?)
@@ -556,6 +635,8 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         labels: a.labels.iter().cloned().collect(),
         shards: a.shards,
         broadcast: a.broadcast,
+        keep_runs: a.keep_runs.unwrap_or(0),
+        keep_for_ms: opt_ms(&a.keep_for)?,
     })
 }
 
@@ -575,12 +656,42 @@ fn run_state(s: i32) -> &'static str {
 fn schedule_text(s: &Option<pb::Schedule>) -> String {
     use pb::schedule::Kind;
     match s.as_ref().and_then(|s| s.kind.as_ref()) {
-        Some(Kind::Cron(c)) if c.tz.is_empty() => format!("cron {}", c.expr),
-        Some(Kind::Cron(c)) => format!("cron {} ({})", c.expr, c.tz),
+        Some(Kind::Cron(c)) => {
+            let mut text = format!("cron {}", c.expr);
+            if c.dialect == "quartz" {
+                text.push_str(" [quartz]");
+            }
+            if !c.tz.is_empty() {
+                text.push_str(&format!(" ({})", c.tz));
+            }
+            text
+        }
         Some(Kind::EveryMs(ms)) => format!("every {ms}ms"),
         Some(Kind::AtMs(ms)) => format!("at {}", time_text(*ms)),
         Some(Kind::AfterMs(ms)) => format!("after {ms}ms"),
         None => "-".into(),
+    }
+}
+
+/// A duration in its largest whole unit: 7d, 90m, 1500ms.
+fn ms_text(ms: u64) -> String {
+    let units = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ];
+    match units.iter().find(|(n, _)| ms > 0 && ms % n == 0) {
+        Some((n, unit)) => format!("{}{unit}", ms / n),
+        None => format!("{ms}ms"),
+    }
+}
+
+/// History limits: "3 runs", or "3 runs/7d" with an age limit.
+fn keep_text(s: &pb::JobSpec) -> String {
+    match s.keep_for_ms {
+        0 => format!("{} runs", s.keep_runs),
+        ms => format!("{} runs/{}", s.keep_runs, ms_text(ms)),
     }
 }
 
@@ -601,6 +712,7 @@ fn job_json(j: &pb::Job) -> Value {
         "created_at_ms": j.created_at_ms, "updated_at_ms": j.updated_at_ms, "next_fire_at_ms": j.next_fire_at_ms,
         "priority": s.priority, "max_attempts": s.max_attempts, "timeout_ms": s.timeout_ms,
         "route": route_text(s.route), "labels": s.labels, "shards": s.shards, "broadcast": s.broadcast,
+        "keep_runs": s.keep_runs, "keep_for_ms": s.keep_for_ms,
     })
 }
 
@@ -628,19 +740,20 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
         return;
     }
     println!(
-        "{:<24} {:<12} {:<32} {:>4} {:<7} NEXT FIRE",
-        "ID", "GROUP", "SCHEDULE", "REV", "PAUSED"
+        "{:<24} {:<12} {:<32} {:>4} {:<7} {:<18} NEXT FIRE",
+        "ID", "GROUP", "SCHEDULE", "REV", "PAUSED", "KEEP"
     );
     for j in jobs {
         let s = j.spec.clone().unwrap_or_default();
         let sched = schedule_text(&s.schedule);
         println!(
-            "{:<24} {:<12} {:<32} {:>4} {:<7} {}",
+            "{:<24} {:<12} {:<32} {:>4} {:<7} {:<18} {}",
             s.id,
             s.group,
             sched,
             j.revision,
             j.paused,
+            keep_text(&s),
             time_text(j.next_fire_at_ms)
         );
     }
@@ -759,19 +872,7 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
                 schedule: None,
                 count,
             };
-            let r = c
-                .jobs(|mut j| {
-                    let r = req.clone();
-                    async move { j.next_fires(r).await }
-                })
-                .await?;
-            let text = r
-                .fire_at_ms
-                .iter()
-                .map(|t| time_text(*t))
-                .collect::<Vec<_>>()
-                .join("\n");
-            print_value(out, json!(r.fire_at_ms), &text);
+            next_fires(c, out, req).await?;
         }
         JobCmd::History { id } => {
             let req = pb::JobRef { id };
@@ -844,10 +945,16 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
                             "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms,
                             "tzdata": n.tzdata}))
             .collect();
-        println!("{}", json!({ "leader": s.leader, "nodes": nodes }));
+        println!(
+            "{}",
+            json!({ "leader": s.leader, "membership_changing": s.membership_changing, "nodes": nodes })
+        );
         return Ok(());
     }
     println!("leader: node {}", s.leader);
+    if s.membership_changing {
+        println!("membership: a change is in progress (joint configuration)");
+    }
     println!(
         "{:<4} {:<22} {:<22} {:<8} {:<12} {:>6} {:>8} {:>6} {:>10} DIGEST",
         "ID", "ADDR", "PEER", "MEMBER", "ROLE", "LAG", "APPLIED", "TERM", "SKEW(ms)"
@@ -957,6 +1064,26 @@ async fn main() {
         Cmd::Cluster(m) => cluster_cmd(&client, cli.output, m).await,
         Cmd::Token(t) => token_cmd(&client, cli.output, t).await,
         Cmd::Snapshot(s) => snapshot_cmd(&client, s).await,
+        Cmd::Schedule(ScheduleCmd::Preview {
+            expr,
+            tz,
+            dialect,
+            count,
+        }) => {
+            let cron = pb::Cron {
+                expr,
+                tz: tz.unwrap_or_default(),
+                dialect: dialect.unwrap_or_default(),
+            };
+            let req = pb::NextFiresRequest {
+                id: String::new(),
+                schedule: Some(pb::Schedule {
+                    kind: Some(pb::schedule::Kind::Cron(cron)),
+                }),
+                count,
+            };
+            next_fires(&client, cli.output, req).await
+        }
         Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
     };
     if let Err(e) = res {
@@ -986,6 +1113,9 @@ mod tests {
 
     #[test]
     fn durations() {
+        assert_eq!(super::ms_text(7 * 86_400_000), "7d");
+        assert_eq!(super::ms_text(90 * 60_000), "90m");
+        assert_eq!(super::ms_text(1500), "1500ms");
         assert_eq!(duration_ms("200ms").unwrap(), 200);
         assert_eq!(duration_ms("1h30m").unwrap(), 5_400_000);
         assert_eq!(duration_ms("2d").unwrap(), 172_800_000);

@@ -39,6 +39,17 @@ enum Cmd {
     /// Backup files (from `kairosctl snapshot save`).
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Prepare a new node's data directory from a backup file, offline (run
+    /// it for every node of the new cluster, with the same file, then start
+    /// them with `kairos serve --peers ...`).
+    Restore {
+        /// The backup file (verified whole before anything is written).
+        #[arg(long)]
+        from: PathBuf,
+        /// The node's data directory: absent or empty.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -71,6 +82,8 @@ fn inspect(file: &std::path::Path) -> anyhow::Result<()> {
         't' => "tokens (not restored)",
         'k' => "token index (not restored)",
         'd' | 'e' => "request ids (not restored)",
+        'g' => "deleted jobs whose runs housekeeping still removes",
+        'x' => "history-limit checks (housekeeping)",
         'm' => "meta (not restored)",
         _ => "other",
     };
@@ -372,6 +385,17 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Serve(a)) => rt.block_on(serve(a)),
         Some(Cmd::Playground(p)) => rt.block_on(playground::run(p)),
         Some(Cmd::Snapshot(SnapshotCmd::Inspect { file })) => inspect(&file),
+        Some(Cmd::Restore { from, data_dir }) => {
+            let r = kairos_server::backup::restore_offline(&from, &data_dir)?;
+            println!(
+                "{}: {} records restored from {} (backup of log index {})",
+                data_dir.display(),
+                r.pairs,
+                from.display(),
+                r.backup_index
+            );
+            Ok(())
+        }
         Some(Cmd::Config(ConfigCmd::Check { file })) => {
             let a = config::with_file(&file, Vec::new())?;
             node_config(&a)?;

@@ -1,0 +1,354 @@
+//! A node's Prometheus metrics, kept and encoded by `prometheus-client`
+//! (base units, HELP text, `_total` counters). Events are counted where they
+//! happen (the leader's fire and dispatch paths, the state machine's apply);
+//! levels (Raft indexes, queues, clock offsets) are read from the node when
+//! `/metrics` is scraped. Label sets are bounded: no job ids, groups capped
+//! at [`GROUP_LABELS_MAX`] distinct values (the rest count as `_other`),
+//! peers are members (at most 9 voters plus learners).
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::node::Node;
+
+/// Distinct `group` label values per node; later groups are `_other`.
+pub const GROUP_LABELS_MAX: usize = 256;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabel {
+    group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabel {
+    peer: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// One node's metrics. Cheap to update from any task.
+pub struct Metrics {
+    registry: Registry,
+    groups: Mutex<HashSet<String>>,
+    fires: Family<GroupLabel, Counter>,
+    fire_lateness: Histogram,
+    dispatch_latency: Histogram,
+    apply: Histogram,
+    leader_changes: Counter,
+    wheel_entries: Gauge,
+    // Read from the node at scrape time.
+    raft_term: Gauge,
+    raft_last_log_index: Gauge,
+    raft_applied_index: Gauge,
+    raft_is_leader: Gauge,
+    log_first_index: Gauge,
+    snapshot_bytes: Gauge,
+    cluster_time_offset_ms: Gauge,
+    clock_skew: Family<PeerLabel, FloatGauge>,
+    queue_depth: Family<GroupLabel, Gauge>,
+    workers: Family<GroupLabel, Gauge>,
+    in_flight: Family<GroupLabel, Gauge>,
+    admitted_writes: Gauge,
+    admitted_write_bytes: Gauge,
+    admitted_writes_limit: Gauge,
+    refused_writes: Counter,
+    state_writes: Counter,
+    /// One scrape at a time: levels are cleared and re-read, counters kept
+    /// elsewhere are caught up.
+    rendering: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        // 1 ms to ~65 s, doubling.
+        let seconds = || Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        let m = Metrics {
+            registry: Registry::default(),
+            groups: Mutex::new(HashSet::new()),
+            fires: Family::default(),
+            fire_lateness: seconds(),
+            dispatch_latency: seconds(),
+            apply: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            leader_changes: Counter::default(),
+            wheel_entries: Gauge::default(),
+            raft_term: Gauge::default(),
+            raft_last_log_index: Gauge::default(),
+            raft_applied_index: Gauge::default(),
+            raft_is_leader: Gauge::default(),
+            log_first_index: Gauge::default(),
+            snapshot_bytes: Gauge::default(),
+            cluster_time_offset_ms: Gauge::default(),
+            clock_skew: Family::default(),
+            queue_depth: Family::default(),
+            workers: Family::default(),
+            in_flight: Family::default(),
+            admitted_writes: Gauge::default(),
+            admitted_write_bytes: Gauge::default(),
+            admitted_writes_limit: Gauge::default(),
+            refused_writes: Counter::default(),
+            state_writes: Counter::default(),
+            rendering: Mutex::new(()),
+        };
+        m.register()
+    }
+
+    fn register(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "kairos_fires",
+            "Occurrences fired by this node while it led (first attempts of runs)",
+            self.fires.clone(),
+        );
+        r.register_with_unit(
+            "kairos_fire_lateness",
+            "Scheduled time to the fire's commit on the leader",
+            Unit::Seconds,
+            self.fire_lateness.clone(),
+        );
+        r.register_with_unit(
+            "kairos_dispatch_latency",
+            "An attempt's fire (or retry) on the leader to its hand-off to a worker",
+            Unit::Seconds,
+            self.dispatch_latency.clone(),
+        );
+        r.register_with_unit(
+            "kairos_apply",
+            "Time to apply one batch of committed log entries to the state machine",
+            Unit::Seconds,
+            self.apply.clone(),
+        );
+        r.register(
+            "kairos_raft_leader_changes",
+            "Times this node saw the cluster's leader change",
+            self.leader_changes.clone(),
+        );
+        r.register(
+            "kairos_wheel_entries",
+            "Timers in the leader's in-memory wheel (0 on followers)",
+            self.wheel_entries.clone(),
+        );
+        r.register(
+            "kairos_raft_term",
+            "Current Raft term",
+            self.raft_term.clone(),
+        );
+        r.register(
+            "kairos_raft_last_log_index",
+            "Index of the last entry in this node's log",
+            self.raft_last_log_index.clone(),
+        );
+        r.register(
+            "kairos_raft_applied_index",
+            "Index of the last entry applied to the state machine",
+            self.raft_applied_index.clone(),
+        );
+        r.register(
+            "kairos_raft_is_leader",
+            "1 on the leader, 0 elsewhere",
+            self.raft_is_leader.clone(),
+        );
+        r.register(
+            "kairos_log_first_index",
+            "Index of the first entry still in the log (after purges)",
+            self.log_first_index.clone(),
+        );
+        r.register_with_unit(
+            "kairos_snapshot",
+            "Size of this node's current snapshot file",
+            Unit::Bytes,
+            self.snapshot_bytes.clone(),
+        );
+        r.register(
+            "kairos_cluster_time_offset_ms",
+            "Offset this node applies to its clock to follow cluster time, in milliseconds",
+            self.cluster_time_offset_ms.clone(),
+        );
+        r.register_with_unit(
+            "kairos_clock_skew",
+            "Measured offset of a peer's clock from this node's",
+            Unit::Seconds,
+            self.clock_skew.clone(),
+        );
+        r.register(
+            "kairos_queue_depth",
+            "Attempts ready and waiting for a worker, per group (leader)",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "kairos_workers",
+            "Connected workers serving a group (leader)",
+            self.workers.clone(),
+        );
+        r.register(
+            "kairos_in_flight",
+            "Attempts handed to workers and not yet finished, per group (leader)",
+            self.in_flight.clone(),
+        );
+        r.register(
+            "kairos_admitted_writes",
+            "Client write commands admitted and not yet answered (leader)",
+            self.admitted_writes.clone(),
+        );
+        r.register_with_unit(
+            "kairos_admitted_write",
+            "Encoded size of the client write commands admitted and not yet answered (leader)",
+            Unit::Bytes,
+            self.admitted_write_bytes.clone(),
+        );
+        r.register(
+            "kairos_admitted_writes_limit",
+            "Client write commands admission lets in flight now (adapts to apply speed)",
+            self.admitted_writes_limit.clone(),
+        );
+        r.register(
+            "kairos_refused_writes",
+            "Client writes refused with RESOURCE_EXHAUSTED by admission control",
+            self.refused_writes.clone(),
+        );
+        r.register(
+            "kairos_state_writes",
+            "State-machine keys written or deleted by apply since this node started",
+            self.state_writes.clone(),
+        );
+        self
+    }
+
+    /// The label for `group`, or `_other` once [`GROUP_LABELS_MAX`] are in use.
+    fn group(&self, group: &str) -> GroupLabel {
+        let mut seen = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        let known = seen.contains(group) || seen.len() < GROUP_LABELS_MAX;
+        if known {
+            seen.insert(group.to_string());
+        }
+        GroupLabel {
+            group: if known { group.into() } else { "_other".into() },
+        }
+    }
+
+    /// A run's first attempt became ready on the leader, `late_ms` after its time.
+    pub fn fired(&self, group: &str, late_ms: i64) {
+        self.fires.get_or_create(&self.group(group)).inc();
+        self.fire_lateness.observe(late_ms.max(0) as f64 / 1000.0);
+    }
+
+    pub fn dispatched(&self, waited: Duration) {
+        self.dispatch_latency.observe(waited.as_secs_f64());
+    }
+
+    pub fn applied(&self, took: Duration) {
+        self.apply.observe(took.as_secs_f64());
+    }
+
+    pub fn leader_changed(&self) {
+        self.leader_changes.inc();
+    }
+
+    pub fn set_wheel_entries(&self, n: usize) {
+        self.wheel_entries.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The Prometheus text exposition, levels read from `node` now.
+    pub fn render(&self, node: &Node) -> String {
+        let _one = self.rendering.lock().unwrap_or_else(|e| e.into_inner());
+        let m = node.raft.metrics().borrow().clone();
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.raft_term.set(int(m.current_term));
+        self.raft_last_log_index
+            .set(int(m.last_log_index.unwrap_or(0)));
+        self.raft_applied_index
+            .set(int(m.last_applied.map_or(0, |l| l.index)));
+        self.raft_is_leader
+            .set(i64::from(m.current_leader == Some(node.id)));
+        self.log_first_index
+            .set(int(node.log.first_index().unwrap_or(0)));
+        let snapshot = std::fs::metadata(node.sm.snapshot_file()).map_or(0, |f| f.len());
+        self.snapshot_bytes.set(int(snapshot));
+        self.cluster_time_offset_ms.set(node.clock.offset_ms());
+        self.clock_skew.clear();
+        for (peer, off_ms) in node.clock.peer_offsets() {
+            let label = PeerLabel {
+                peer: peer.to_string(),
+            };
+            self.clock_skew
+                .get_or_create(&label)
+                .set(off_ms as f64 / 1000.0);
+        }
+        for family in [&self.queue_depth, &self.workers, &self.in_flight] {
+            family.clear();
+        }
+        for (g, st) in node.dispatcher.stats() {
+            let label = self.group(&g);
+            let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+            self.queue_depth.get_or_create(&label).inc_by(n(st.queued));
+            self.workers.get_or_create(&label).inc_by(n(st.workers));
+            self.in_flight.get_or_create(&label).inc_by(n(st.in_flight));
+        }
+        let (writes, write_bytes) = node.admission.load();
+        self.admitted_writes.set(int(writes as u64));
+        self.admitted_write_bytes.set(int(write_bytes as u64));
+        self.admitted_writes_limit
+            .set(int(node.admission.limit() as u64));
+        catch_up(&self.refused_writes, node.admission.refused_total());
+        catch_up(&self.state_writes, node.sm.writes_total());
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::error!("encoding metrics: {e}");
+        }
+        out
+    }
+}
+
+/// Raises `counter` to `total`, a count kept by the part that owns it.
+fn catch_up(counter: &Counter, total: u64) {
+    let seen = counter.get();
+    if total > seen {
+        counter.inc_by(total - seen);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_past_the_cap_share_one_label() {
+        let m = Metrics::new();
+        for i in 0..GROUP_LABELS_MAX + 5 {
+            m.fired(&format!("g{i}"), 10);
+        }
+        m.fired("g0", -5);
+        let mut out = String::new();
+        encode(&mut out, &m.registry).unwrap();
+        let series = out
+            .lines()
+            .filter(|l| l.starts_with("kairos_fires_total{"))
+            .count();
+        assert_eq!(series, GROUP_LABELS_MAX + 1, "{out}");
+        assert!(
+            out.contains("kairos_fires_total{group=\"_other\"} 5"),
+            "{out}"
+        );
+        assert!(out.contains("kairos_fires_total{group=\"g0\"} 2"), "{out}");
+        assert!(out.contains("# HELP kairos_fire_lateness_seconds"), "{out}");
+        assert!(
+            out.contains("kairos_fire_lateness_seconds_count 262"),
+            "{out}"
+        );
+    }
+}
