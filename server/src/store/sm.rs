@@ -53,6 +53,8 @@ struct Inner {
     snapshot_path: PathBuf,
     apply_lock: Mutex<()>,
     effects: broadcast::Sender<EffectBatch>,
+    /// State keys written or deleted by apply since open (for benchmarks).
+    writes_total: AtomicU64,
     metrics: Arc<crate::metrics::Metrics>,
     /// Entries in the durable wheel index: counted once at open and after
     /// a snapshot install, then kept in step by each applied batch.
@@ -93,6 +95,7 @@ impl StateMachine {
             snapshot_path,
             apply_lock: Mutex::new(()),
             effects,
+            writes_total: Default::default(),
             metrics: opts.metrics,
             pending_timers,
         };
@@ -107,7 +110,7 @@ impl StateMachine {
     /// prepared from the same file (bootstrap compares their digests).
     pub fn apply_offline(&self, cmd: &core::Command) -> Result<Response, StoreError> {
         let applied = core::apply(&TreeView(&self.inner.tree), cmd);
-        self.write_batch(&applied.writes)?;
+        self.apply_writes(&applied.writes)?;
         self.inner.db.flush()?;
         Ok(applied.response)
     }
@@ -119,7 +122,7 @@ impl StateMachine {
 
     /// Writes one applied batch, keeping the wheel count in step: a put of
     /// a wheel key not yet stored adds one, a delete of a stored one removes one.
-    fn write_batch(&self, writes: &[core::Write]) -> Result<(), sled::Error> {
+    fn apply_writes(&self, writes: &[core::Write]) -> Result<(), sled::Error> {
         let tree = &self.inner.tree;
         let (mut added, mut removed) = (0u64, 0u64);
         for w in writes {
@@ -312,18 +315,24 @@ impl StateMachine {
         (idx, hex)
     }
 
+    /// Applies entries in order. Their writes go to sled in atomic batches
+    /// cut at entry boundaries once `APPLY_BATCH_WRITES` are pending, each
+    /// with the `last_applied` it reflects: a sled batch holds sled's
+    /// process-wide write lock, which the Raft log's appends wait on, so
+    /// one long batch would hold up this node's Raft traffic.
     fn apply_entries(
         &self,
         entries: Vec<Entry>,
     ) -> Result<(Vec<Response>, Vec<Effect>), StorageError> {
         let base = TreeView(&self.inner.tree);
         let mut overlay = Overlay::new(&base);
+        let mut pending = 0;
         let mut responses = Vec::with_capacity(entries.len());
         let mut effects = Vec::new();
-        let mut last = None;
+        let count = entries.len();
         let mut crash = false;
-        for entry in entries {
-            last = Some(entry.log_id);
+        for (i, entry) in entries.into_iter().enumerate() {
+            let log_id = entry.log_id;
             match entry.payload {
                 EntryPayload::Blank => responses.push(Response::Empty),
                 EntryPayload::Membership(m) => {
@@ -334,12 +343,13 @@ impl StateMachine {
                 }
                 EntryPayload::Normal(logged) => {
                     let cmd = logged.command(entry.log_id.index).map_err(|e| {
-                        // Nothing of this batch is written: the node stops
+                        // Nothing from this entry on is written: the node stops
                         // applying here, and again at this entry after a restart.
                         tracing::error!("refusing to apply: {e}");
                         StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
                     })?;
                     let applied = core::apply(&overlay, &cmd);
+                    pending += applied.writes.len();
                     for w in applied.writes {
                         match w {
                             core::Write::Put(k, v) => overlay.put(k, v),
@@ -350,15 +360,27 @@ impl StateMachine {
                     responses.push(applied.response);
                 }
             }
+            if pending >= APPLY_BATCH_WRITES || i + 1 == count {
+                overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&log_id));
+                let done = std::mem::replace(&mut overlay, Overlay::new(&base));
+                self.write_batch(done.into_writes())?;
+                pending = 0;
+            }
         }
-        if let Some(last) = last {
-            overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
-        }
-        self.write_batch(&overlay.into_writes()).map_err(sm_err)?;
         if crash {
             crash_now("applied a joint configuration");
         }
         Ok((responses, effects))
+    }
+
+    fn write_batch(&self, writes: Vec<core::Write>) -> Result<(), StorageError> {
+        (self.inner.writes_total).fetch_add(writes.len() as u64, Ordering::Relaxed);
+        self.apply_writes(&writes).map_err(sm_err)
+    }
+
+    /// State keys written or deleted by apply since this node started.
+    pub fn writes_total(&self) -> u64 {
+        self.inner.writes_total.load(Ordering::Relaxed)
     }
 }
 
@@ -460,6 +482,9 @@ fn sync_dir(file: &Path) -> std::io::Result<()> {
         None => Ok(()),
     }
 }
+
+/// Writes after which apply cuts its sled batch (at the next entry boundary).
+const APPLY_BATCH_WRITES: usize = 4096;
 
 /// Pairs written per sled batch while a snapshot is loaded.
 const RESTORE_BATCH: usize = 4096;
@@ -592,8 +617,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let (responses, effects) = {
             let _g = self.inner.apply_lock.lock().await;
+            // A batch can take a while: off the async workers, so Raft
+            // messages and heartbeats on this node are not held up behind it.
+            let sm = self.clone();
             let start = std::time::Instant::now();
-            let applied = self.apply_entries(entries)?;
+            let applied = tokio::task::spawn_blocking(move || sm.apply_entries(entries))
+                .await
+                .map_err(sm_err)??;
             self.inner.metrics.applied(start.elapsed());
             applied
         };
