@@ -55,6 +55,8 @@ pub struct Config {
     /// Most ready attempts the leader queues in memory per worker group;
     /// the rest wait in the replicated active-runs table and are paged in.
     pub queue_max: usize,
+    /// Applied state is written to sled at least this often (0: after each batch).
+    pub flush_ms: u64,
     /// When the leader refuses client writes (`RESOURCE_EXHAUSTED`).
     pub admission: admission::Bounds,
 }
@@ -87,6 +89,7 @@ impl Config {
             auth_token: None,
             join: Vec::new(),
             queue_max: crate::leader::dispatch::QUEUE_MAX,
+            flush_ms: store::sm::FLUSH_MS_DEFAULT,
             admission: admission::Bounds::default(),
         }
     }
@@ -116,6 +119,12 @@ impl Config {
             "election timeouts: need heartbeat*2 < election_min < election_max"
         );
         anyhow::ensure!(self.snapshot_logs > 0, "snapshot_logs: must be at least 1");
+        anyhow::ensure!(
+            self.flush_ms <= store::sm::FLUSH_MS_MAX,
+            "flush-ms: must be between 0 and {}, got {}",
+            store::sm::FLUSH_MS_MAX,
+            self.flush_ms
+        );
         anyhow::ensure!(
             (1..=crate::leader::dispatch::QUEUE_MAX).contains(&self.queue_max),
             "queue-max: must be between 1 and {}, got {}",
@@ -810,6 +819,7 @@ pub async fn run(
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let sm_opts = store::sm::Options {
         metrics: metrics.clone(),
+        flush_ms: config.flush_ms,
         ..Default::default()
     };
     let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
@@ -857,6 +867,7 @@ pub async fn run(
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
         tokio::spawn(crate::membership::finish_interrupted(node.clone())),
+        tokio::spawn(node.sm.clone().run_flusher()),
     ];
     if config.join.is_empty() {
         tasks.push(tokio::spawn(bootstrap(node.clone(), config.peers.clone())));
@@ -905,6 +916,12 @@ pub async fn run(
         .shutdown()
         .await
         .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+    // Not needed for safety (the log is applied again after a restart),
+    // but a clean stop restarts without replaying the last window.
+    node.sm
+        .flush()
+        .await
+        .map_err(|e| anyhow::anyhow!("flushing applied state: {e}"))?;
     Ok(())
 }
 

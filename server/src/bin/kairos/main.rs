@@ -217,6 +217,12 @@ pub struct ServeArgs {
     /// it is refused, unwritten.
     #[arg(long, env = "KAIROS_ADMIT_MAX_WAIT_MS", default_value_t = Bounds::default().max_wait_ms)]
     admit_max_wait_ms: u64,
+    /// Applied state is written to the store at least this often (0..60000
+    /// ms; 0 writes after every applied batch). The log is what makes it
+    /// durable: after a crash the node applies the log again from what was
+    /// written.
+    #[arg(long, env = "KAIROS_FLUSH_MS", default_value_t = kairos_server::store::sm::FLUSH_MS_DEFAULT)]
+    flush_ms: u64,
 }
 
 fn parse_peers(list: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -316,6 +322,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     config.election_max_ms = a.election_max_ms;
     config.join = a.join.clone();
     config.queue_max = a.queue_max;
+    config.flush_ms = a.flush_ms;
     config.admission = Bounds {
         max_commands: a.admit_max_commands,
         max_bytes: a.admit_max_kb.saturating_mul(1024),
