@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kairos_proto::peer::{Empty, LocalStatusResponse};
+use kairos_proto::peer::{Empty, LocalStatusRequest, LocalStatusResponse};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
@@ -426,9 +426,17 @@ impl Node {
         Some(c)
     }
 
-    /// A member's own status, asked over its peer address.
-    pub async fn peer_status(&self, id: NodeId, peer_addr: &str) -> Option<LocalStatusResponse> {
-        let mut req = tonic::Request::new(Empty {});
+    /// A member's own status, asked over its peer address; its state digest
+    /// only with `digest` (costly: see [`crate::grpc::peer::local_status`]).
+    pub async fn peer_status(
+        &self,
+        id: NodeId,
+        peer_addr: &str,
+        digest: bool,
+    ) -> Option<LocalStatusResponse> {
+        let mut req = tonic::Request::new(LocalStatusRequest {
+            skip_digest: !digest,
+        });
         req.set_timeout(Duration::from_secs(2));
         let mut client = self.peer_rpc(id, peer_addr)?;
         let s = client.local_status(req).await.ok()?.into_inner();
@@ -682,7 +690,7 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
             let Some(mut client) = node.peer_rpc(*id, addr) else {
                 return;
             };
-            let mut req = tonic::Request::new(Empty {});
+            let mut req = tonic::Request::new(LocalStatusRequest::default());
             req.set_timeout(Duration::from_millis(500));
             match client.local_status(req).await {
                 Ok(s) if s.get_ref().term > 0 => {
@@ -786,7 +794,7 @@ async fn learn_api_addrs(node: Arc<Node>) {
         let asks = wanted.iter().map(|(id, peer)| {
             let node = node.clone();
             async move {
-                if let Some(s) = node.peer_status(*id, peer).await {
+                if let Some(s) = node.peer_status(*id, peer, false).await {
                     node.learn_api_addr(*id, &s.api_addr);
                     let ours = crate::core::schedule::TZDATA_VERSION;
                     if !s.tzdata.is_empty() && s.tzdata != ours {
