@@ -98,6 +98,7 @@ pub struct Metrics {
     admitted_writes_limit: Gauge,
     refused_writes: Counter,
     state_writes: Counter,
+    unflushed_keys: Gauge,
     /// One scrape at a time: levels are cleared and re-read, counters kept
     /// elsewhere are caught up.
     rendering: Mutex<()>,
@@ -143,6 +144,7 @@ impl Metrics {
             admitted_writes_limit: Gauge::default(),
             refused_writes: Counter::default(),
             state_writes: Counter::default(),
+            unflushed_keys: Gauge::default(),
             rendering: Mutex::new(()),
         };
         m.register()
@@ -291,8 +293,13 @@ impl Metrics {
         );
         r.register(
             "kairos_state_writes",
-            "State-machine keys written or deleted by apply since this node started",
+            "State keys written to or deleted from the store since this node started (net of keys rewritten within a flush window)",
             self.state_writes.clone(),
+        );
+        r.register(
+            "kairos_state_unflushed_keys",
+            "Applied state keys held in memory and not yet written to the store (the log holds them)",
+            self.unflushed_keys.clone(),
         );
         self
     }
@@ -401,6 +408,8 @@ impl Metrics {
             .set(int(node.admission.limit() as u64));
         catch_up(&self.refused_writes, node.admission.refused_total());
         catch_up(&self.state_writes, node.sm.writes_total());
+        self.unflushed_keys
+            .set(int(node.sm.unflushed_keys() as u64));
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {
             tracing::error!("encoding metrics: {e}");

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kairos_proto::peer::{Empty, LocalStatusResponse};
+use kairos_proto::peer::{Empty, LocalStatusRequest, LocalStatusResponse};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
@@ -55,6 +55,8 @@ pub struct Config {
     /// Most ready attempts the leader queues in memory per worker group;
     /// the rest wait in the replicated active-runs table and are paged in.
     pub queue_max: usize,
+    /// Applied state is written to sled at least this often (0: after each batch).
+    pub flush_ms: u64,
     /// When the leader refuses client writes (`RESOURCE_EXHAUSTED`).
     pub admission: admission::Bounds,
 }
@@ -87,6 +89,7 @@ impl Config {
             auth_token: None,
             join: Vec::new(),
             queue_max: crate::leader::dispatch::QUEUE_MAX,
+            flush_ms: store::sm::FLUSH_MS_DEFAULT,
             admission: admission::Bounds::default(),
         }
     }
@@ -116,6 +119,12 @@ impl Config {
             "election timeouts: need heartbeat*2 < election_min < election_max"
         );
         anyhow::ensure!(self.snapshot_logs > 0, "snapshot_logs: must be at least 1");
+        anyhow::ensure!(
+            self.flush_ms <= store::sm::FLUSH_MS_MAX,
+            "flush-ms: must be between 0 and {}, got {}",
+            store::sm::FLUSH_MS_MAX,
+            self.flush_ms
+        );
         anyhow::ensure!(
             (1..=crate::leader::dispatch::QUEUE_MAX).contains(&self.queue_max),
             "queue-max: must be between 1 and {}, got {}",
@@ -417,9 +426,17 @@ impl Node {
         Some(c)
     }
 
-    /// A member's own status, asked over its peer address.
-    pub async fn peer_status(&self, id: NodeId, peer_addr: &str) -> Option<LocalStatusResponse> {
-        let mut req = tonic::Request::new(Empty {});
+    /// A member's own status, asked over its peer address; its state digest
+    /// only with `digest` (costly: see [`crate::grpc::peer::local_status`]).
+    pub async fn peer_status(
+        &self,
+        id: NodeId,
+        peer_addr: &str,
+        digest: bool,
+    ) -> Option<LocalStatusResponse> {
+        let mut req = tonic::Request::new(LocalStatusRequest {
+            skip_digest: !digest,
+        });
         req.set_timeout(Duration::from_secs(2));
         let mut client = self.peer_rpc(id, peer_addr)?;
         let s = client.local_status(req).await.ok()?.into_inner();
@@ -674,7 +691,7 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
             let Some(mut client) = node.peer_rpc(*id, addr) else {
                 return;
             };
-            let mut req = tonic::Request::new(Empty {});
+            let mut req = tonic::Request::new(LocalStatusRequest::default());
             req.set_timeout(Duration::from_millis(500));
             match client.local_status(req).await {
                 Ok(s) if s.get_ref().term > 0 => {
@@ -778,7 +795,7 @@ async fn learn_api_addrs(node: Arc<Node>) {
         let asks = wanted.iter().map(|(id, peer)| {
             let node = node.clone();
             async move {
-                if let Some(s) = node.peer_status(*id, peer).await {
+                if let Some(s) = node.peer_status(*id, peer, false).await {
                     node.learn_api_addr(*id, &s.api_addr);
                     let ours = crate::core::schedule::TZDATA_VERSION;
                     if !s.tzdata.is_empty() && s.tzdata != ours {
@@ -811,6 +828,7 @@ pub async fn run(
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let sm_opts = store::sm::Options {
         metrics: metrics.clone(),
+        flush_ms: config.flush_ms,
         ..Default::default()
     };
     let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
@@ -858,6 +876,7 @@ pub async fn run(
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
         tokio::spawn(crate::membership::finish_interrupted(node.clone())),
+        tokio::spawn(node.sm.clone().run_flusher()),
     ];
     if config.join.is_empty() {
         tasks.push(tokio::spawn(bootstrap(node.clone(), config.peers.clone())));
@@ -906,6 +925,12 @@ pub async fn run(
         .shutdown()
         .await
         .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+    // Not needed for safety (the log is applied again after a restart),
+    // but a clean stop restarts without replaying the last window.
+    node.sm
+        .flush()
+        .await
+        .map_err(|e| anyhow::anyhow!("flushing applied state: {e}"))?;
     Ok(())
 }
 

@@ -221,6 +221,12 @@ pub struct ServeArgs {
     /// `run` span's fields: run, attempt, job, group, worker).
     #[arg(long, env = "KAIROS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Applied state is written to the store at least this often (0..60000
+    /// ms; 0 writes after every applied batch). The log is what makes it
+    /// durable: after a crash the node applies the log again from what was
+    /// written.
+    #[arg(long, env = "KAIROS_FLUSH_MS", default_value_t = kairos_server::store::sm::FLUSH_MS_DEFAULT)]
+    flush_ms: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -339,6 +345,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     config.election_max_ms = a.election_max_ms;
     config.join = a.join.clone();
     config.queue_max = a.queue_max;
+    config.flush_ms = a.flush_ms;
     config.admission = Bounds {
         max_commands: a.admit_max_commands,
         max_bytes: a.admit_max_kb.saturating_mul(1024),
