@@ -9,7 +9,9 @@ use std::path::Path;
 use kairos_proto::v1 as pb;
 use kairos_server::core::codec::encode;
 use kairos_server::core::keys;
-use kairos_server::core::{Command, EntryKind, JobSpec, Policy, RunId, ScheduleInput, WheelKey};
+use kairos_server::core::{
+    Bounds, Command, EntryKind, JobSpec, Labels, Policy, RunId, ScheduleInput, WheelKey,
+};
 use kairos_server::raft::{Entry, LogId, SnapshotMeta, TypeConfig, Vote};
 use kairos_server::store::snapfile;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
@@ -25,6 +27,8 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         group: "g".into(),
         payload: b"echo hi".to_vec(),
         policy: Policy::default(),
+        bounds: Bounds::default(),
+        labels: Labels::new(),
     }
 }
 
@@ -88,6 +92,7 @@ fn histories() -> Vec<Vec<Command>> {
             },
             Command::PauseJob {
                 id: "cron".into(),
+                note: "deploy freeze".into(),
                 now_ms: NOW_MS + 1,
             },
             Command::ResumeJob {

@@ -39,6 +39,8 @@ pub enum Effect {
     /// An occurrence was due longer ago than its job's misfire grace and
     /// was handled by `policy`: the leader counts it.
     Misfired { group: String, policy: Misfire },
+    /// Firing resumed cluster-wide: the leader reloads its wheel from state.
+    FiringResumed,
 }
 
 /// A run's terminal state as apply decided it, with who ran its last attempt.
@@ -106,7 +108,9 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::PutToken { now_ms, .. }
         | Command::RevokeToken { now_ms, .. }
         | Command::RestorePairs { now_ms, .. }
-        | Command::Housekeep { now_ms, .. } => *now_ms,
+        | Command::Housekeep { now_ms, .. }
+        | Command::PauseFiring { now_ms, .. }
+        | Command::ResumeFiring { now_ms } => *now_ms,
         Command::Dedup { command, .. } | Command::Authored { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
@@ -192,7 +196,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 ..
             } => self.update_job(spec, *expected_revision).map(Response::Job),
             Command::DeleteJob { id, .. } => self.delete_job(id).map(Response::Deleted),
-            Command::PauseJob { id, .. } => self.pause_job(id).map(Response::Job),
+            Command::PauseJob { id, note, .. } => self.pause_job(id, note).map(Response::Job),
             Command::ResumeJob { id, .. } => self.resume_job(id).map(Response::Job),
             Command::TriggerJob { id, widths, .. } => {
                 self.set_widths(widths)?;
@@ -218,6 +222,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 pairs, first, last, ..
             } => self.restore_pairs(pairs, *first, *last),
             Command::Housekeep { max_deletes, .. } => self.housekeep(*max_deletes),
+            Command::PauseFiring { note, .. } => self.pause_firing(note).map(Response::Firing),
+            Command::ResumeFiring { .. } => Ok(Response::Firing(self.resume_firing())),
             Command::Authored { actor, command } => {
                 if matches!(
                     **command,
@@ -488,19 +494,36 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
     }
 
-    /// First occurrence of a freshly (re)scheduled job, strictly after `after` except for one-shots.
+    /// First occurrence of a freshly (re)scheduled job, strictly after
+    /// `after` except for one-shots, and not before the job's start.
     fn first_occurrence(&self, job: &Job, after: i64) -> Result<Option<i64>, CommandError> {
+        let start = job.bounds.start_at_ms.unwrap_or(i64::MIN);
         if let Schedule::Once { at_ms } = job.schedule {
             let fired = self.run_rec(&RunId::new(&job.id, at_ms)).is_some();
-            return Ok((!fired).then_some(at_ms));
+            return Ok((!fired && at_ms >= start).then_some(at_ms));
         }
-        next_after(&job.schedule, after)
+        next_after(&job.schedule, after.max(start.saturating_sub(1)))
+    }
+
+    /// Sets the job's next occurrence if its bounds allow one (not after
+    /// its end, fewer than `max_runs` fired); with none left the job is
+    /// finished: kept, with no wheel entry.
+    fn schedule_next(&mut self, job: &mut Job, next: Option<i64>) {
+        let b = &job.bounds;
+        let runs_left = b.max_runs.is_none_or(|max| job.fired_count < max);
+        let next = next.filter(|at| runs_left && b.end_at_ms.is_none_or(|end| *at <= end));
+        job.finished_at_ms = match next {
+            Some(_) => None,
+            None => job.finished_at_ms.or(Some(self.now)),
+        };
+        self.set_next(job, next);
     }
 
     // ------------------------------------------------------------ job commands
 
     fn create_job(&mut self, spec: &JobSpec) -> Result<Job, CommandError> {
         validate::job_spec(spec, self.now)?;
+        validate::bounds_ahead(&spec.bounds, self.now)?;
         if self.o.get(&keys::job(&spec.id)).is_some() {
             return Err(CommandError::AlreadyExists(spec.id.clone()));
         }
@@ -526,9 +549,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             buffered_at_ms: None,
             history_len: 0,
             retention_due_ms: None,
+            bounds: spec.bounds.clone(),
+            labels: spec.labels.clone(),
+            fired_count: 0,
+            finished_at_ms: None,
+            pause: None,
         };
         let first = self.first_occurrence(&job, self.now)?;
-        self.set_next(&mut job, first);
+        self.schedule_next(&mut job, first);
         self.put(keys::job(&job.id), &job);
         self.record_revision(&job, job.revision, "create");
         Ok(job)
@@ -545,12 +573,18 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 actual: job.revision,
             });
         }
-        let reschedule = !spec.schedule.matches(&job.schedule);
+        let bounds_changed = spec.bounds != job.bounds;
+        if bounds_changed {
+            validate::bounds_ahead(&spec.bounds, self.now)?;
+        }
+        let reschedule = !spec.schedule.matches(&job.schedule) || bounds_changed;
         let limits_changed = (job.policy.keep_runs, job.policy.keep_for_ms)
             != (spec.policy.keep_runs, spec.policy.keep_for_ms);
         job.group = spec.group.clone();
         job.payload = spec.payload.clone();
         job.policy = spec.policy.clone();
+        job.labels = spec.labels.clone();
+        job.bounds = spec.bounds.clone();
         if limits_changed {
             // Plans only: the deleting is housekeeping's, in bounded steps.
             self.prune(&mut job, 0);
@@ -558,9 +592,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.revision = job.revision.saturating_add(1);
         job.updated_at_ms = self.now;
         if reschedule {
-            job.schedule = spec.schedule.resolve(self.now);
+            if !spec.schedule.matches(&job.schedule) {
+                job.schedule = spec.schedule.resolve(self.now);
+            }
             let first = self.first_occurrence(&job, self.now)?;
-            self.set_next(&mut job, first);
+            self.schedule_next(&mut job, first);
         }
         self.put(keys::job(&job.id), &job);
         self.record_revision(&job, job.revision, "update");
@@ -603,11 +639,19 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
     }
 
-    fn pause_job(&mut self, id: &str) -> Result<Job, CommandError> {
+    /// Pauses the job, recording the note with who and when; pausing a
+    /// paused job again replaces its note.
+    fn pause_job(&mut self, id: &str, note: &str) -> Result<Job, CommandError> {
+        validate::pause_note(note)?;
         let mut job = self.job(id)?;
-        if !job.paused {
+        if !job.paused || job.pause.as_ref().is_some_and(|p| p.note != note) {
             self.set_next(&mut job, None);
             job.paused = true;
+            job.pause = Some(PauseNote {
+                note: note.to_string(),
+                by: self.actor.to_string(),
+                at_ms: self.now,
+            });
             job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
             self.put(keys::job(id), &job);
@@ -621,10 +665,13 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let mut job = self.job(id)?;
         if job.paused {
             job.paused = false;
+            job.pause = None;
             job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
-            let first = self.first_occurrence(&job, self.now)?;
-            self.set_next(&mut job, first);
+            if job.finished_at_ms.is_none() {
+                let first = self.first_occurrence(&job, self.now)?;
+                self.schedule_next(&mut job, first);
+            }
             self.put(keys::job(id), &job);
             self.record_revision(&job, job.revision, "resume");
         }
@@ -633,6 +680,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     fn trigger_job(&mut self, id: &str) -> Result<Run, CommandError> {
         let mut job = self.job(id)?;
+        if self.firing_paused().is_some() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?}: firing is paused cluster-wide (kairosctl cluster resume); trigger refused"
+            )));
+        }
         if job.active_runs > 0 && job.policy.overlap == Overlap::BufferOne {
             return Err(CommandError::FailedPrecondition(format!(
                 "job {id:?} has an active run and overlap buffer-one; trigger refused"
@@ -651,6 +703,37 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             .ok_or_else(|| CommandError::RunNotFound(run_id.to_string()))
     }
 
+    // ------------------------------------------------------------ cluster firing pause
+
+    fn firing_paused(&self) -> Option<PauseNote> {
+        get(&self.o, keys::META_FIRING_PAUSED)
+    }
+
+    /// Pausing while paused keeps the first pause's who and when.
+    fn pause_firing(&mut self, note: &str) -> Result<Option<PauseNote>, CommandError> {
+        validate::pause_note(note)?;
+        if let Some(p) = self.firing_paused() {
+            return Ok(Some(p));
+        }
+        let p = PauseNote {
+            note: note.to_string(),
+            by: self.actor.to_string(),
+            at_ms: self.now,
+        };
+        self.put(keys::META_FIRING_PAUSED.to_vec(), &p);
+        Ok(Some(p))
+    }
+
+    /// The leader reloads its wheel: keys it proposed while firing was
+    /// paused were left in place by apply but taken out of its wheel.
+    fn resume_firing(&mut self) -> Option<PauseNote> {
+        if self.firing_paused().is_some() {
+            self.o.delete(keys::META_FIRING_PAUSED.to_vec());
+            self.effects.push(Effect::FiringResumed);
+        }
+        None
+    }
+
     // ------------------------------------------------------------ firing
 
     fn fire(&mut self, wheel_keys: &[WheelKey]) -> Result<Response, CommandError> {
@@ -662,6 +745,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             )));
         }
         let (mut runs, mut skipped) = (0u32, 0u32);
+        if self.firing_paused().is_some() {
+            // The entries stay: they fire, late, once firing resumes.
+            skipped = u32::try_from(wheel_keys.len()).unwrap_or(u32::MAX);
+            return Ok(Response::Fired { runs, skipped_keys: skipped });
+        }
         for key in wheel_keys {
             let fired = key.fire_at_ms <= self.now && self.fire_key(key)?;
             if fired {
@@ -719,6 +807,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                     String::new()
                 };
                 self.start_run(job, scheduled, note);
+                job.fired_count = job.fired_count.saturating_add(1);
                 next_after(&job.schedule, scheduled)?
             }
             (true, Misfire::Skip) => {
@@ -736,17 +825,20 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 walk.next
             }
             (true, Misfire::FireOnce) => {
-                let walk = walk_missed(&job.schedule, scheduled, self.now)?;
+                // The coalesced occurrence is the latest due one within the job's end.
+                let upto = job.bounds.end_at_ms.map_or(self.now, |end| end.min(self.now));
+                let walk = walk_missed(&job.schedule, scheduled, upto)?;
                 let note = format!(
                     "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
                     walk.count_text(),
                     self.now.saturating_sub(walk.last)
                 );
                 self.start_run(job, walk.last, note);
+                job.fired_count = job.fired_count.saturating_add(1);
                 walk.next
             }
         };
-        self.set_next(job, next);
+        self.schedule_next(job, next);
         Ok(())
     }
 

@@ -11,14 +11,16 @@
 use serde::{Deserialize, Serialize};
 
 use super::codec::{check_format, decode, encode, FormatError};
-use super::types::{Job, JobSpec, Run, RunId, Token, WheelKey};
+use super::types::{Job, JobSpec, PauseNote, Run, RunId, Token, WheelKey};
 
 /// The format in which this binary encodes commands into log entries.
 /// 1: the first versioned format (state format 8, with `Housekeep` and
-/// Quartz schedules).
-pub const LOG_FORMAT: u32 = 1;
+/// Quartz schedules). 2: job specs carry bounds and labels, `PauseJob` a
+/// note; `PauseFiring`/`ResumeFiring` appended. bincode is not
+/// self-describing, so format 1 specs do not decode as format 2 ones.
+pub const LOG_FORMAT: u32 = 2;
 /// The oldest log format this binary decodes.
-pub const LOG_FORMAT_OLDEST: u32 = 1;
+pub const LOG_FORMAT_OLDEST: u32 = 2;
 
 /// A command as a log entry holds it: encoded in the log format of the
 /// binary that proposed it. The entry itself decodes whatever that format
@@ -84,8 +86,11 @@ pub enum Command {
         id: String,
         now_ms: i64,
     },
+    /// `note` (at most `limits::PAUSE_NOTE_MAX_BYTES`) is kept with who
+    /// paused and when until the job is resumed.
     PauseJob {
         id: String,
+        note: String,
         now_ms: i64,
     },
     ResumeJob {
@@ -177,6 +182,17 @@ pub enum Command {
         now_ms: i64,
         max_deletes: u32,
     },
+    /// Stops all firing (an incident switch): while set, no occurrence or
+    /// retry entry fires and no trigger is taken; the entries stay.
+    PauseFiring {
+        note: String,
+        now_ms: i64,
+    },
+    /// Fires again: entries that fell due meanwhile fire late, each job's
+    /// misfire policy deciding.
+    ResumeFiring {
+        now_ms: i64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,4 +278,7 @@ pub enum Response {
     Housekept {
         removed: u32,
     },
+    /// The cluster-wide firing pause after `PauseFiring`/`ResumeFiring`
+    /// (`None`: firing).
+    Firing(Option<PauseNote>),
 }

@@ -43,6 +43,8 @@ pub const META_LAST_APPLIED: &[u8] = b"mlast_applied";
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 /// Largest `now` any applied command carried: state-machine time never goes back.
 pub const META_TIME: &[u8] = b"mtime";
+/// Set while firing is paused cluster-wide (`PauseFiring`): its `PauseNote`.
+pub const META_FIRING_PAUSED: &[u8] = b"mfiring_paused";
 /// Present while a snapshot is being loaded into the state (see `store::sm`).
 pub const META_RESTORING: &[u8] = b"mrestoring";
 /// The IANA tzdata version of the binary that last opened the data
@@ -65,11 +67,13 @@ pub const META_TZDATA: &[u8] = b"mtzdata";
 /// the version in a `format` file instead of the `mversion` key, and log
 /// entries that carry their own format (`command::LOG_FORMAT`); also the
 /// Quartz cron schedules, appended to the schedule enums.
-pub const STATE_VERSION: u32 = 8;
+/// 9: job bounds, fire count, finished time, labels and pause note (in
+/// `JobSpec` and `Job`), and the cluster firing pause (`mfiring_paused`).
+pub const STATE_VERSION: u32 = 9;
 /// The oldest state format this binary reads. Older data directories and
 /// snapshot files are refused, naming both versions: there is no in-place
 /// migration from them (README, "Upgrades").
-pub const STATE_VERSION_OLDEST: u32 = 8;
+pub const STATE_VERSION_OLDEST: u32 = 9;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()

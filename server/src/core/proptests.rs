@@ -267,7 +267,38 @@ fn policy() -> impl Strategy<Value = Policy> {
 /// Mostly specs that validate (so histories reach runs, retries and
 /// overlaps), sometimes anything.
 fn job_spec() -> impl Strategy<Value = JobSpec> {
-    prop_oneof![3 => sane_job_spec(), 1 => wild_job_spec()]
+    let spec = prop_oneof![3 => sane_job_spec(), 1 => wild_job_spec()];
+    (spec, bounds(), labels()).prop_map(|(spec, bounds, labels)| JobSpec {
+        bounds,
+        labels,
+        ..spec
+    })
+}
+
+/// Mostly unbounded; else a start, an end and a run cap near the test's
+/// times, or extreme ones.
+fn bounds() -> impl Strategy<Value = Bounds> {
+    let at = prop_oneof![3 => Just(None), 2 => time().prop_map(Some), 1 => Just(Some(i64::MIN)), 1 => Just(Some(i64::MAX))];
+    let max_runs = prop_oneof![3 => Just(None), 2 => (1u64..4).prop_map(Some), 1 => Just(Some(0)), 1 => Just(Some(u64::MAX))];
+    prop_oneof![
+        3 => Just(Bounds::default()),
+        2 => (at.clone(), at, max_runs).prop_map(|(start_at_ms, end_at_ms, max_runs)| Bounds {
+            start_at_ms,
+            end_at_ms,
+            max_runs,
+        }),
+    ]
+}
+
+fn labels() -> impl Strategy<Value = Labels> {
+    prop_oneof![
+        4 => Just(Labels::new()),
+        1 => prop::collection::btree_map(
+            prop::sample::select(vec!["team", "example.com/tier", "-bad", ""]).prop_map(String::from),
+            text(),
+            0..3,
+        ),
+    ]
 }
 
 fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
@@ -332,6 +363,8 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
                         keep_for_ms,
                         ..Policy::default()
                     },
+                    bounds: Bounds::default(),
+                    labels: Labels::new(),
                 }
             },
         )
@@ -350,6 +383,8 @@ fn wild_job_spec() -> impl Strategy<Value = JobSpec> {
             group,
             payload,
             policy,
+            bounds: Bounds::default(),
+            labels: Labels::new(),
         },
     )
 }
@@ -414,7 +449,9 @@ fn raw_command() -> impl Strategy<Value = Command> {
                 now_ms,
             }),
         1 => (job_id(), time()).prop_map(|(id, now_ms)| Command::DeleteJob { id, now_ms }),
-        1 => (job_id(), time()).prop_map(|(id, now_ms)| Command::PauseJob { id, now_ms }),
+        1 => (job_id(), text(), time()).prop_map(|(id, note, now_ms)| Command::PauseJob { id, note, now_ms }),
+        1 => (text(), time()).prop_map(|(note, now_ms)| Command::PauseFiring { note, now_ms }),
+        1 => time().prop_map(|now_ms| Command::ResumeFiring { now_ms }),
         1 => (job_id(), time()).prop_map(|(id, now_ms)| Command::ResumeJob { id, now_ms }),
         2 => (job_id(), time(), widths())
             .prop_map(|(id, now_ms, widths)| Command::TriggerJob { id, now_ms, widths }),

@@ -20,6 +20,8 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         group: "g".into(),
         payload: b"p".to_vec(),
         policy: Policy::default(),
+        bounds: Bounds::default(),
+        labels: Labels::new(),
     }
 }
 
@@ -331,6 +333,7 @@ fn stale_fire_after_update_delete_or_pause_creates_no_run() {
     };
     let pause = Command::PauseJob {
         id: "a".into(),
+        note: String::new(),
         now_ms: T0 + 500,
     };
     for racer in [change, delete, pause] {
@@ -599,6 +602,7 @@ fn commands_on_an_unknown_job_are_not_found_without_writes() {
         },
         Command::PauseJob {
             id: id.clone(),
+            note: String::new(),
             now_ms,
         },
         Command::ResumeJob {
@@ -651,6 +655,7 @@ fn history(sim: &mut Sim) -> Vec<Applied> {
             10 => update(every("a", 1500), 0, now),
             20 => Command::PauseJob {
                 id: "d".into(),
+                note: String::new(),
                 now_ms: now,
             },
             25 => Command::ResumeJob {
@@ -1653,6 +1658,7 @@ fn job_changes_record_who_made_them_and_the_history_is_bounded() {
         "ci",
         Command::PauseJob {
             id: "a".into(),
+            note: String::new(),
             now_ms: T0 + 1,
         },
     ));
@@ -1688,6 +1694,7 @@ fn job_changes_record_who_made_them_and_the_history_is_bounded() {
         "ops",
         Command::PauseJob {
             id: "a".into(),
+            note: String::new(),
             now_ms: T0 + 4,
         },
     ));
@@ -1701,6 +1708,7 @@ fn job_changes_record_who_made_them_and_the_history_is_bounded() {
         let cmd = if i % 2 == 0 {
             Command::PauseJob {
                 id: "a".into(),
+                note: String::new(),
                 now_ms,
             }
         } else {

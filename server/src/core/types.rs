@@ -80,6 +80,21 @@ pub mod limits {
     pub const LABEL_MAX_BYTES: usize = 128;
     /// Groups listed with their worker counts in one Fire or Trigger command.
     pub const WIDTHS_MAX: usize = 65_536;
+    /// The most a job's `max_runs` may be.
+    pub const MAX_RUNS_MAX: u64 = 1_000_000_000;
+    /// Bytes of a pause note.
+    pub const PAUSE_NOTE_MAX_BYTES: usize = 1024;
+    /// Labels a job carries (`JobSpec::labels`, not the routing selector).
+    pub const JOB_LABELS_MAX: usize = 16;
+    /// Characters of a label key's name part and of a label value (Kubernetes).
+    pub const LABEL_NAME_MAX: usize = 63;
+    /// Characters of a label key's prefix (a DNS subdomain, Kubernetes).
+    pub const LABEL_PREFIX_MAX: usize = 253;
+    /// Pairs in a `job list` label selector.
+    pub const LIST_SELECTOR_MAX: usize = 16;
+    /// Jobs one filtered `ListJobs` page looks at: a page that reaches it
+    /// returns what matched so far and a token to continue from.
+    pub const LIST_SCAN_MAX: usize = 10_000;
 }
 
 /// How the dispatcher picks a worker of the job's group for each attempt.
@@ -256,6 +271,20 @@ impl Default for Policy {
     }
 }
 
+/// When a job may fire (APScheduler `start_date`/`end_date`, Temporal):
+/// no occurrence before `start_at_ms` or after `end_at_ms`, and at most
+/// `max_runs` scheduled occurrences fired. `None` is unbounded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounds {
+    pub start_at_ms: Option<i64>,
+    pub end_at_ms: Option<i64>,
+    pub max_runs: Option<u64>,
+}
+
+/// Labels a job carries for search (`job list --selector`); they never
+/// route (that is `Route::Label`).
+pub type Labels = std::collections::BTreeMap<String, String>;
+
 /// What a client submits to create or update a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -264,6 +293,43 @@ pub struct JobSpec {
     pub group: String,
     pub payload: Vec<u8>,
     pub policy: Policy,
+    pub bounds: Bounds,
+    pub labels: Labels,
+}
+
+/// Why, by whom and when a job was paused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseNote {
+    pub note: String,
+    /// The token's name ("" on a cluster without tokens).
+    pub by: String,
+    pub at_ms: i64,
+}
+
+/// A job's state as `job list --state` filters it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Active,
+    Paused,
+    /// Past its end, or its `max_runs` fired, or a one-shot that fired: no
+    /// occurrence remains. Kept, not deleted.
+    Finished,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Active => "active",
+            JobState::Paused => "paused",
+            JobState::Finished => "finished",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        [JobState::Active, JobState::Paused, JobState::Finished]
+            .into_iter()
+            .find(|st| st.as_str() == s)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -289,6 +355,27 @@ pub struct Job {
     /// one `RETENTION_DUE` entry): never later than the moment one of them
     /// may be deleted (`keep_runs` exceeded, or `keep_for` passed).
     pub retention_due_ms: Option<i64>,
+    pub bounds: Bounds,
+    pub labels: Labels,
+    /// Scheduled occurrences fired (counted against `bounds.max_runs`;
+    /// manual triggers and misfire-skipped occurrences do not count).
+    pub fired_count: u64,
+    /// When the job ran out of occurrences (state "finished").
+    pub finished_at_ms: Option<i64>,
+    /// Set while paused: the note, who and when.
+    pub pause: Option<PauseNote>,
+}
+
+impl Job {
+    pub fn state(&self) -> JobState {
+        if self.finished_at_ms.is_some() {
+            JobState::Finished
+        } else if self.paused {
+            JobState::Paused
+        } else {
+            JobState::Active
+        }
+    }
 }
 
 /// Identity of a run: one shard of one occurrence of a job. The triple is

@@ -240,6 +240,21 @@ impl StateMachine {
         rows.iter().filter_map(|(_, v)| decode(v).ok()).collect()
     }
 
+    /// One filtered page of jobs (`core::query::jobs_page`).
+    pub fn jobs_page(
+        &self,
+        filter: &core::query::JobFilter,
+        after: &str,
+        page: usize,
+    ) -> core::query::JobPage {
+        core::query::jobs_page(&self.view(), filter, after, page)
+    }
+
+    /// The cluster-wide firing pause, if set (`Command::PauseFiring`).
+    pub fn firing_paused(&self) -> Option<core::PauseNote> {
+        self.meta(keys::META_FIRING_PAUSED)
+    }
+
     /// The token whose secret hashes to `hash` (lowercase hex SHA-256).
     pub fn token_by_hash(&self, hash: &str) -> Option<core::Token> {
         let name: String = self.meta(&keys::token_hash(hash))?;
@@ -870,6 +885,8 @@ mod tests {
             group: "g".into(),
             payload: vec![i as u8; 100],
             policy: Policy::default(),
+            bounds: Default::default(),
+            labels: Default::default(),
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
