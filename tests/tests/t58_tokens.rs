@@ -292,8 +292,9 @@ async fn job_history_names_the_token_behind_each_change() {
         .unwrap();
     admin
         .jobs(|mut j| async move {
-            j.pause_job(pb::JobRef {
+            j.pause_job(pb::PauseJobRequest {
                 id: "nightly".into(),
+                ..Default::default()
             })
             .await
         })

@@ -52,6 +52,7 @@ async fn kill_every_node_before_the_flush_and_the_log_brings_the_state_back() {
         let req = pb::ListJobsRequest {
             page_size: 100,
             page_token: String::new(),
+            ..Default::default()
         };
         let page = c
             .jobs(|mut j| {
@@ -78,7 +79,7 @@ async fn kill_every_node_before_the_flush_and_the_log_brings_the_state_back() {
     let r = pb::JobRef { id: "tick".into() };
     c.jobs(|mut j| {
         let r = r.clone();
-        async move { j.pause_job(r).await }
+        async move { j.pause_job(pb::PauseJobRequest { id: r.id, ..Default::default() }).await }
     })
     .await
     .unwrap();
