@@ -4,7 +4,7 @@
 
 use super::codec::decode;
 use super::keys;
-use super::types::{limits, Job, JobState, Labels, Run, RunId};
+use super::types::{Job, JobState, Labels, Run, RunId};
 use super::view::StateView;
 
 /// Runs of `job` strictly after `after` (or from the first one), in
@@ -73,14 +73,16 @@ pub struct JobPage {
 }
 
 /// Jobs whose id is after `after` and that match `filter`, in id order:
-/// at most `page` of them, looking at most at `limits::LIST_SCAN_MAX`
-/// jobs (read `SCAN_CHUNK` at a time), so a selective filter over many
-/// jobs returns a short page with a token rather than scanning them all.
+/// at most `page` of them, looking at most at `scan_max` jobs (the API
+/// passes `limits::LIST_SCAN_MAX`; read `SCAN_CHUNK` at a time), so a
+/// selective filter over many jobs returns a short page with a token
+/// rather than scanning them all.
 pub fn jobs_page<V: StateView + ?Sized>(
     view: &V,
     filter: &JobFilter,
     after: &str,
     page: usize,
+    scan_max: usize,
 ) -> JobPage {
     const SCAN_CHUNK: usize = 128;
     let prefix = keys::job(&filter.id_prefix);
@@ -90,8 +92,8 @@ pub fn jobs_page<V: StateView + ?Sized>(
         start.push(0); // the smallest key after `after`'s own
     }
     let (mut out, mut scanned, mut last) = (Vec::new(), 0usize, String::new());
-    while scanned < limits::LIST_SCAN_MAX && out.len() < page {
-        let want = SCAN_CHUNK.min(limits::LIST_SCAN_MAX - scanned);
+    while scanned < scan_max && out.len() < page {
+        let want = SCAN_CHUNK.min(scan_max - scanned);
         let rows = view.range(&start, &end, want);
         for (k, v) in &rows {
             scanned += 1;

@@ -2068,3 +2068,5 @@ fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
     let last = st.last_run.expect("a last run");
     assert_eq!(last.id, rid("a", T0 + 1000 + n as i64 - 1));
 }
+
+mod schedules;
