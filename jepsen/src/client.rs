@@ -6,8 +6,8 @@
 use crate::event::Outcome;
 use kairos_proto::v1::{
     cluster_client::ClusterClient, jobs_client::JobsClient, schedule::Kind, AddLearnerRequest,
-    CreateJobRequest, Job, JobRef, JobSpec, MembershipResponse, MisfirePolicy, NodeRef, PauseJobRequest, Schedule,
-    StatusRequest, StatusResponse, UpdateJobRequest,
+    CreateJobRequest, Job, JobRef, JobSpec, MembershipResponse, MisfirePolicy, NodeRef,
+    PauseJobRequest, Schedule, StatusRequest, StatusResponse, UpdateJobRequest,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

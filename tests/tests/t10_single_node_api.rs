@@ -189,7 +189,13 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
             "pause" => c
                 .jobs(|mut j| {
                     let r = r.clone();
-                    async move { j.pause_job(pb::PauseJobRequest { id: r.id, ..Default::default() }).await }
+                    async move {
+                        j.pause_job(pb::PauseJobRequest {
+                            id: r.id,
+                            ..Default::default()
+                        })
+                        .await
+                    }
                 })
                 .await
                 .map(|_| ()),
@@ -249,7 +255,13 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
     let paused = c
         .jobs(|mut j| {
             let r = r.clone();
-            async move { j.pause_job(pb::PauseJobRequest { id: r.id, ..Default::default() }).await }
+            async move {
+                j.pause_job(pb::PauseJobRequest {
+                    id: r.id,
+                    ..Default::default()
+                })
+                .await
+            }
         })
         .await
         .unwrap();

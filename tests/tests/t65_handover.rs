@@ -196,7 +196,13 @@ async fn fires_on_without_gap(cluster: &Cluster, c: &Client, ids: &[u64]) {
     let r = pb::JobRef { id: "tick".into() };
     c.jobs(|mut j| {
         let r = r.clone();
-        async move { j.pause_job(pb::PauseJobRequest { id: r.id, ..Default::default() }).await }
+        async move {
+            j.pause_job(pb::PauseJobRequest {
+                id: r.id,
+                ..Default::default()
+            })
+            .await
+        }
     })
     .await
     .unwrap();

@@ -79,7 +79,13 @@ async fn kill_every_node_before_the_flush_and_the_log_brings_the_state_back() {
     let r = pb::JobRef { id: "tick".into() };
     c.jobs(|mut j| {
         let r = r.clone();
-        async move { j.pause_job(pb::PauseJobRequest { id: r.id, ..Default::default() }).await }
+        async move {
+            j.pause_job(pb::PauseJobRequest {
+                id: r.id,
+                ..Default::default()
+            })
+            .await
+        }
     })
     .await
     .unwrap();

@@ -748,7 +748,10 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if self.firing_paused().is_some() {
             // The entries stay: they fire, late, once firing resumes.
             skipped = u32::try_from(wheel_keys.len()).unwrap_or(u32::MAX);
-            return Ok(Response::Fired { runs, skipped_keys: skipped });
+            return Ok(Response::Fired {
+                runs,
+                skipped_keys: skipped,
+            });
         }
         for key in wheel_keys {
             let fired = key.fire_at_ms <= self.now && self.fire_key(key)?;
@@ -826,7 +829,10 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
             (true, Misfire::FireOnce) => {
                 // The coalesced occurrence is the latest due one within the job's end.
-                let upto = job.bounds.end_at_ms.map_or(self.now, |end| end.min(self.now));
+                let upto = job
+                    .bounds
+                    .end_at_ms
+                    .map_or(self.now, |end| end.min(self.now));
                 let walk = walk_missed(&job.schedule, scheduled, upto)?;
                 let note = format!(
                     "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",

@@ -110,8 +110,14 @@ pub fn jobs_page<V: StateView + ?Sized>(
         }
         if rows.len() < want && out.len() < page {
             // The range ended: nothing after this page.
-            return JobPage { jobs: out, next_after: String::new() };
+            return JobPage {
+                jobs: out,
+                next_after: String::new(),
+            };
         }
     }
-    JobPage { jobs: out, next_after: last }
+    JobPage {
+        jobs: out,
+        next_after: last,
+    }
 }

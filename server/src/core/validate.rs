@@ -172,7 +172,9 @@ pub fn label_key(field: &str, k: &str) -> Result<(), CommandError> {
             && p.len() <= limits::LABEL_PREFIX_MAX
             && p.split('.').all(|part| {
                 !part.is_empty()
-                    && part.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                    && part
+                        .bytes()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
                     && !part.starts_with('-')
                     && !part.ends_with('-')
             });

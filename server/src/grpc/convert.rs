@@ -3,11 +3,11 @@
 use kairos_proto::v1 as pb;
 use tonic::Status;
 
-use crate::core::stats::JobStats;
 use crate::core::query::JobFilter;
+use crate::core::stats::JobStats;
 use crate::core::{
-    limits, validate, Bounds, Fanout, Job, JobSpec, JobState, Labels, Misfire, Overlap,
-    PauseNote, Policy, Route, Run, RunState, ScheduleInput,
+    limits, validate, Bounds, Fanout, Job, JobSpec, JobState, Labels, Misfire, Overlap, PauseNote,
+    Policy, Route, Run, RunState, ScheduleInput,
 };
 
 fn invalid(msg: impl Into<String>) -> Status {
@@ -251,10 +251,12 @@ pub fn job_filter_in(r: &pb::ListJobsRequest) -> Result<JobFilter, Status> {
         })?),
     };
     if !r.group.is_empty() {
-        validate::name("group", &r.group, limits::GROUP_MAX_BYTES).map_err(super::error::command)?;
+        validate::name("group", &r.group, limits::GROUP_MAX_BYTES)
+            .map_err(super::error::command)?;
     }
     if !r.id_prefix.is_empty() {
-        validate::name("id_prefix", &r.id_prefix, limits::ID_MAX_BYTES).map_err(super::error::command)?;
+        validate::name("id_prefix", &r.id_prefix, limits::ID_MAX_BYTES)
+            .map_err(super::error::command)?;
     }
     Ok(JobFilter {
         group: (!r.group.is_empty()).then(|| r.group.clone()),

@@ -201,8 +201,7 @@ impl Term {
             term.node.metrics.set_wheel_entries(term.wheel.len());
             // While firing is paused cluster-wide the due keys stay in the
             // wheel (apply would not fire them either).
-            let can_fire =
-                firing.len() < FIRES_IN_FLIGHT && term.node.sm.firing_paused().is_none();
+            let can_fire = firing.len() < FIRES_IN_FLIGHT && term.node.sm.firing_paused().is_none();
             if can_fire {
                 let due: Vec<WheelKey> = term
                     .wheel

@@ -247,7 +247,13 @@ impl StateMachine {
         after: &str,
         page: usize,
     ) -> core::query::JobPage {
-        core::query::jobs_page(&self.view(), filter, after, page, core::limits::LIST_SCAN_MAX)
+        core::query::jobs_page(
+            &self.view(),
+            filter,
+            after,
+            page,
+            core::limits::LIST_SCAN_MAX,
+        )
     }
 
     /// The cluster-wide firing pause, if set (`Command::PauseFiring`).

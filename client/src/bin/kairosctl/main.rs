@@ -861,7 +861,11 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
             time_text(j.next_fire_at_ms)
         );
         if j.paused {
-            let by = if j.paused_by.is_empty() { "-" } else { &j.paused_by };
+            let by = if j.paused_by.is_empty() {
+                "-"
+            } else {
+                &j.paused_by
+            };
             println!(
                 "  paused {} by {by}: {}",
                 time_text(j.paused_at_ms),

@@ -29,7 +29,10 @@ fn pause(id: &str, note: &str, now_ms: i64) -> Command {
 
 /// Scheduled times of the job's run records.
 fn run_times(sim: &Sim, job: &str) -> Vec<i64> {
-    sim.runs_of(job).iter().map(|r| r.id.scheduled_at_ms).collect()
+    sim.runs_of(job)
+        .iter()
+        .map(|r| r.id.scheduled_at_ms)
+        .collect()
 }
 
 fn by(actor: &str, command: Command) -> Command {
@@ -126,7 +129,10 @@ fn bad_bounds_and_labels_are_refused_naming_field_and_rule() {
             ),
             "end_at_ms: must be after start_at_ms",
         ),
-        (bounded("a", 1000, max_runs(0)), "max_runs: must be between 1 and 1000000000"),
+        (
+            bounded("a", 1000, max_runs(0)),
+            "max_runs: must be between 1 and 1000000000",
+        ),
         (
             bounded("a", 1000, max_runs(limits::MAX_RUNS_MAX + 1)),
             "max_runs: must be between 1 and",
@@ -262,7 +268,11 @@ fn while_firing_is_paused_nothing_fires_and_resume_applies_the_misfire_policy() 
     assert_eq!(a.effects, vec![Effect::FiringResumed]);
     // The missed occurrences are handled by the job's policy (skip).
     let a = sim.fire_due(T0 + 5500);
-    assert!(a.effects.contains(&misfired(Misfire::Skip)), "{:?}", a.effects);
+    assert!(
+        a.effects.contains(&misfired(Misfire::Skip)),
+        "{:?}",
+        a.effects
+    );
     assert_eq!(sim.run(&rid("a", T0 + 1000)).state, RunState::Skipped);
     assert_eq!(sim.wheel(), vec![occ("a", T0 + 6000)]);
 }
