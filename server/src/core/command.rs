@@ -257,6 +257,8 @@ impl Response {
     }
 }
 
+// One per applied command and short-lived; the job variant is the common answer.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
     Job(Job),

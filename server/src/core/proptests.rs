@@ -26,6 +26,7 @@ const T0: i64 = 1_700_000_000_000;
 const TEN_YEARS_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
 
 /// One step of a generated history.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 enum Op {
     Raw(Command),

@@ -205,7 +205,8 @@ pub fn label_value(field: &str, v: &str) -> Result<(), CommandError> {
     let chars_ok = v
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if !v.is_empty() && !(chars_ok && alnum(v.chars().next()) && alnum(v.chars().last())) {
+    let well_formed = chars_ok && alnum(v.chars().next()) && alnum(v.chars().last());
+    if !(v.is_empty() || well_formed) {
         return Err(invalid(format!(
             "{field}: {v:?} must be A-Z a-z 0-9 . _ - and begin and end with a letter or digit"
         )));
