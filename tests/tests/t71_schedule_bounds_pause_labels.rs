@@ -19,6 +19,25 @@ fn json(cluster: &Cluster, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
+/// `job create ID --every EVERY --group g` and `extra` flags.
+fn create_args<'a>(id: &'a str, every: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["job", "create", id, "--every", every, "--group", "g"];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// Runs kairosctl and expects success.
+fn run(cluster: &Cluster, args: &[&str]) {
+    let (ok, out) = cluster.kairosctl(args);
+    assert!(ok, "kairosctl {args:?}: {out}");
+}
+
+/// Runs kairosctl and expects a refusal that says `want`.
+fn refused(cluster: &Cluster, args: &[&str], want: &str) {
+    let (ok, out) = cluster.kairosctl(args);
+    assert!(!ok && out.contains(want), "kairosctl {args:?}: {out}");
+}
+
 fn job(cluster: &Cluster, id: &str) -> Value {
     json(cluster, &["job", "get", id])[0].clone()
 }
@@ -42,18 +61,10 @@ async fn max_runs_and_end_at_finish_jobs_and_a_pause_note_is_shown() {
     cluster.wait_leader().await;
     let c = cluster.client();
 
-    let (ok, out) = cluster.kairosctl(&[
-        "job",
-        "create",
-        "thrice",
-        "--every",
-        "200ms",
-        "--group",
-        "g",
-        "--max-runs",
-        "3",
-    ]);
-    assert!(ok, "{out}");
+    run(
+        &cluster,
+        &create_args("thrice", "200ms", &["--max-runs", "3"]),
+    );
     let finished = wait_for("thrice finished", WAIT, || async {
         let j = job(&cluster, "thrice");
         (j["state"] == "finished").then_some(j)
@@ -65,18 +76,10 @@ async fn max_runs_and_end_at_finish_jobs_and_a_pause_note_is_shown() {
 
     let created = job(&cluster, "thrice")["created_at_ms"].as_i64().unwrap();
     let end = created + 1500;
-    let (ok, out) = cluster.kairosctl(&[
-        "job",
-        "create",
-        "ends",
-        "--every",
-        "200ms",
-        "--group",
-        "g",
-        "--end-at",
-        &rfc3339(end),
-    ]);
-    assert!(ok, "{out}");
+    run(
+        &cluster,
+        &create_args("ends", "200ms", &["--end-at", &rfc3339(end)]),
+    );
     wait_for("ends finished", WAIT, || async {
         (job(&cluster, "ends")["state"] == "finished").then_some(())
     })
@@ -86,44 +89,30 @@ async fn max_runs_and_end_at_finish_jobs_and_a_pause_note_is_shown() {
     assert!(runs.iter().all(|r| r.scheduled_at_ms <= end), "{runs:?}");
 
     // Refusals name the field and the rule, and create nothing.
-    let (ok, out) = cluster.kairosctl(&[
-        "job",
-        "create",
-        "bad",
-        "--every",
-        "1s",
-        "--group",
-        "g",
-        "--max-runs",
-        "0",
-    ]);
-    assert!(
-        !ok && out.contains("max_runs: must be between 1 and 1000000000"),
-        "{out}"
+    refused(
+        &cluster,
+        &create_args("bad", "1s", &["--max-runs", "0"]),
+        "max_runs: must be between 1 and 1000000000",
     );
-    let (ok, out) = cluster.kairosctl(&[
-        "job",
-        "create",
-        "bad",
-        "--every",
-        "1s",
-        "--group",
-        "g",
-        "--start-at",
-        &rfc3339(end + 10_000),
-        "--end-at",
-        &rfc3339(end + 5_000),
-    ]);
-    assert!(
-        !ok && out.contains("end_at_ms: must be after start_at_ms"),
-        "{out}"
+    refused(
+        &cluster,
+        &create_args(
+            "bad",
+            "1s",
+            &[
+                "--start-at",
+                &rfc3339(end + 10_000),
+                "--end-at",
+                &rfc3339(end + 5_000),
+            ],
+        ),
+        "end_at_ms: must be after start_at_ms",
     );
     let (ok, out) = cluster.kairosctl(&["job", "get", "bad"]);
     assert!(!ok, "{out}");
 
     // A pause note, shown by get, cleared by resume.
-    let (ok, out) = cluster.kairosctl(&["job", "create", "tick", "--every", "1h", "--group", "g"]);
-    assert!(ok, "{out}");
+    run(&cluster, &create_args("tick", "1h", &[]));
     let (ok, out) = cluster.kairosctl(&["job", "pause", "tick", "--note", "db migration"]);
     assert!(
         ok && out.contains("paused") && out.contains("db migration"),
@@ -137,13 +126,12 @@ async fn max_runs_and_end_at_finish_jobs_and_a_pause_note_is_shown() {
     );
     assert!(j["paused_at_ms"].as_i64().unwrap() > 0, "{j}");
     let long = "x".repeat(1025);
-    let (ok, out) = cluster.kairosctl(&["job", "pause", "tick", "--note", &long]);
-    assert!(
-        !ok && out.contains("note: at most 1024 bytes, got 1025"),
-        "{out}"
+    refused(
+        &cluster,
+        &["job", "pause", "tick", "--note", &long],
+        "note: at most 1024 bytes, got 1025",
     );
-    let (ok, out) = cluster.kairosctl(&["job", "resume", "tick"]);
-    assert!(ok, "{out}");
+    run(&cluster, &["job", "resume", "tick"]);
     let j = job(&cluster, "tick");
     assert_eq!(
         (&j["state"], &j["pause_note"]),
@@ -157,20 +145,14 @@ async fn cluster_pause_holds_across_a_leader_kill_and_resume_applies_the_misfire
     let mut cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_leader().await;
     let c = cluster.client();
-    let (ok, out) = cluster.kairosctl(&[
-        "job",
-        "create",
-        "beat",
-        "--every",
-        "200ms",
-        "--group",
-        "g",
-        "--misfire",
-        "fire-once",
-        "--grace",
-        "100ms",
-    ]);
-    assert!(ok, "{out}");
+    run(
+        &cluster,
+        &create_args(
+            "beat",
+            "200ms",
+            &["--misfire", "fire-once", "--grace", "100ms"],
+        ),
+    );
     wait_for("beat fires", WAIT, || async {
         (!c.list_runs("beat", 10).await.ok()?.is_empty()).then_some(())
     })
@@ -197,14 +179,15 @@ async fn cluster_pause_holds_across_a_leader_kill_and_resume_applies_the_misfire
     wait_for("cluster time past the due occurrence", WAIT, || {
         probe += 1;
         let id = format!("probe-{probe}");
-        let (ok, out) = cluster.kairosctl(&["job", "create", &id, "--every", "1h", "--group", "p"]);
-        assert!(ok, "{out}");
+        run(
+            &cluster,
+            &["job", "create", &id, "--every", "1h", "--group", "p"],
+        );
         let created = job(&cluster, &id)["created_at_ms"].as_i64().unwrap();
         async move { (created > due + 1000).then_some(()) }
     })
     .await;
-    let (ok, out) = cluster.kairosctl(&["job", "trigger", "beat"]);
-    assert!(!ok && out.contains("firing is paused"), "{out}");
+    refused(&cluster, &["job", "trigger", "beat"], "firing is paused");
     assert_eq!(c.list_runs("beat", 1000).await.unwrap().len(), fired_before);
 
     let (ok, out) = cluster.kairosctl(&["cluster", "resume"]);
@@ -234,23 +217,24 @@ async fn job_list_filters_by_labels_state_group_and_prefix_across_pages() {
         ("data-2", "h", "data"),
     ] {
         let label = format!("team={team}");
-        let (ok, out) = cluster.kairosctl(&[
-            "job",
-            "create",
-            id,
-            "--every",
-            "1h",
-            "--group",
-            group,
-            "--label",
-            &label,
-            "--label",
-            "example.com/tier=gold",
-        ]);
-        assert!(ok, "{out}");
+        run(
+            &cluster,
+            &[
+                "job",
+                "create",
+                id,
+                "--every",
+                "1h",
+                "--group",
+                group,
+                "--label",
+                &label,
+                "--label",
+                "example.com/tier=gold",
+            ],
+        );
     }
-    let (ok, out) = cluster.kairosctl(&["job", "pause", "web-4"]);
-    assert!(ok, "{out}");
+    run(&cluster, &["job", "pause", "web-4"]);
     let list = |args: &[&str]| {
         let mut all = vec!["job", "list", "--page-size", "2"];
         all.extend_from_slice(args);
@@ -275,20 +259,14 @@ async fn job_list_filters_by_labels_state_group_and_prefix_across_pages() {
     let j = job(&cluster, "web-1");
     assert_eq!(j["labels"]["team"], "web", "{j}");
 
-    let (ok, out) = cluster.kairosctl(&["job", "list", "--selector", "team"]);
-    assert!(
-        !ok && out.contains("selector: \"team\" is not key=value"),
-        "{out}"
+    refused(
+        &cluster,
+        &["job", "list", "--selector", "team"],
+        "selector: \"team\" is not key=value",
     );
-    let (ok, out) = cluster.kairosctl(&[
-        "job",
-        "create",
-        "bad",
-        "--every",
-        "1h",
-        "--group",
-        "g",
-        "--label=-x=y",
-    ]);
-    assert!(!ok && out.contains("job_labels (key)"), "{out}");
+    refused(
+        &cluster,
+        &create_args("bad", "1h", &["--label=-x=y"]),
+        "job_labels (key)",
+    );
 }
