@@ -34,6 +34,14 @@ use crate::raft::{
 /// Effects of one applied batch, for the leader's tasks.
 pub type EffectBatch = Arc<Vec<Effect>>;
 
+/// What applying a batch of entries gives back, gathered chunk by chunk.
+struct Applied {
+    responses: Vec<Response>,
+    effects: Vec<Effect>,
+    /// The joint-configuration failpoint fired.
+    crash: bool,
+}
+
 /// A read of the applied state (memory over sled). Holds a read lock on
 /// the state held in memory: keep it for one query, not across an await.
 pub struct StateRead<'a> {
@@ -76,7 +84,7 @@ pub const FLUSH_MS_DEFAULT: u64 = 100;
 /// Largest `--flush-ms`.
 pub const FLUSH_MS_MAX: u64 = 60_000;
 /// Applied keys held in memory after which apply flushes at once.
-pub const FLUSH_KEYS: usize = 16_384;
+pub const FLUSH_KEYS: usize = 4_096;
 /// Applied bytes (keys and values) held in memory after which apply flushes at once.
 pub const FLUSH_BYTES: usize = 32 << 20;
 
@@ -398,79 +406,87 @@ impl StateMachine {
     }
 
     /// Applies `entries` in order into memory and returns their responses
-    /// and effects; flushes when the held state is past its bounds (or
-    /// always, with `flush_ms` 0). A batch holding an entry of a format this
-    /// binary cannot read is refused whole.
+    /// and effects. Entries are taken in chunks that end once the state held
+    /// in memory reaches [`FLUSH_KEYS`] (at an entry boundary); a full chunk
+    /// is flushed at once (every chunk, with `flush_ms` 0). An entry of a
+    /// format this binary cannot read stops apply there, its chunk unapplied.
     fn apply_entries(
         &self,
         entries: Vec<Entry>,
     ) -> Result<(Vec<Response>, Vec<Effect>), StorageError> {
-        let mut responses = Vec::with_capacity(entries.len());
-        let mut effects = Vec::new();
-        let mut crash = false;
-        let mut refused = None;
-        let net = {
-            let dirty = self.inner.dirty.read_recursive();
-            let tree = TreeView(&self.inner.tree);
-            let state = Layered::new(&dirty.pending, &tree);
-            let mut overlay = Overlay::new(&state);
-            let mut last = None;
-            for entry in entries {
-                match entry.payload {
-                    EntryPayload::Blank => responses.push(Response::Empty),
-                    EntryPayload::Membership(m) => {
-                        crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
-                        let stored = StoredMembership::new(Some(entry.log_id), m);
-                        overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
-                        responses.push(Response::Empty);
-                    }
-                    EntryPayload::Normal(logged) => match logged.command(entry.log_id.index) {
-                        Ok(cmd) => {
-                            let applied = core::apply(&overlay, &cmd);
-                            for w in applied.writes {
-                                match w {
-                                    core::Write::Put(k, v) => overlay.put(k, v),
-                                    core::Write::Delete(k) => overlay.delete(k),
-                                }
-                            }
-                            effects.extend(applied.effects);
-                            responses.push(applied.response);
-                        }
-                        Err(e) => {
-                            refused = Some((entry.log_id, e));
-                            break;
-                        }
-                    },
-                }
-                last = Some(entry.log_id);
-            }
-            if let Some(last) = last {
-                overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
-            }
-            let net = overlay.into_pending();
-            if refused.is_none() {
-                self.count_timers(&net, &state);
-            }
-            net
+        let mut out = Applied {
+            responses: Vec::with_capacity(entries.len()),
+            effects: Vec::new(),
+            crash: false,
         };
-        if let Some((log_id, e)) = refused {
-            // Nothing of this batch is applied: the node stops here, and
-            // meets the same batch again after a restart.
-            tracing::error!("refusing to apply: {e}");
-            return Err(StorageIOError::apply(log_id, openraft::AnyError::new(&e)).into());
+        let mut entries = entries.into_iter().peekable();
+        while entries.peek().is_some() {
+            let net = self.apply_chunk(&mut entries, &mut out)?;
+            let full = {
+                let mut dirty = self.inner.dirty.write();
+                dirty.merge(net);
+                dirty.full() || self.inner.flush_ms == 0
+            };
+            if full {
+                self.flush_dirty().map_err(sm_err)?;
+            }
         }
-        let full = {
-            let mut dirty = self.inner.dirty.write();
-            dirty.merge(net);
-            dirty.full() || self.inner.flush_ms == 0
-        };
-        if full {
-            self.flush_dirty().map_err(sm_err)?;
-        }
-        if crash {
+        if out.crash {
             crash_now("applied a joint configuration");
         }
-        Ok((responses, effects))
+        Ok((out.responses, out.effects))
+    }
+
+    /// Applies entries from `entries` over the state until what it would
+    /// hold in memory reaches [`FLUSH_KEYS`]; returns the chunk's net writes
+    /// (with its `last_applied`).
+    fn apply_chunk(
+        &self,
+        entries: &mut std::iter::Peekable<std::vec::IntoIter<Entry>>,
+        out: &mut Applied,
+    ) -> Result<Pending, StorageError> {
+        let dirty = self.inner.dirty.read_recursive();
+        let tree = TreeView(&self.inner.tree);
+        let state = Layered::new(&dirty.pending, &tree);
+        let mut overlay = Overlay::new(&state);
+        let mut last = None;
+        while last.is_none() || dirty.pending.len() + overlay.len() < FLUSH_KEYS {
+            let Some(entry) = entries.next() else {
+                break;
+            };
+            match entry.payload {
+                EntryPayload::Blank => out.responses.push(Response::Empty),
+                EntryPayload::Membership(m) => {
+                    out.crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
+                    let stored = StoredMembership::new(Some(entry.log_id), m);
+                    overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
+                    out.responses.push(Response::Empty);
+                }
+                EntryPayload::Normal(logged) => {
+                    let cmd = logged.command(entry.log_id.index).map_err(|e| {
+                        // The node stops here, and meets this entry again after a restart.
+                        tracing::error!("refusing to apply: {e}");
+                        StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
+                    })?;
+                    let applied = core::apply(&overlay, &cmd);
+                    for w in applied.writes {
+                        match w {
+                            core::Write::Put(k, v) => overlay.put(k, v),
+                            core::Write::Delete(k) => overlay.delete(k),
+                        }
+                    }
+                    out.effects.extend(applied.effects);
+                    out.responses.push(applied.response);
+                }
+            }
+            last = Some(entry.log_id);
+        }
+        if let Some(last) = last {
+            overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
+        }
+        let net = overlay.into_pending();
+        self.count_timers(&net, &state);
+        Ok(net)
     }
 
     /// Writes the applied state held in memory to sled in one atomic batch,
@@ -985,6 +1001,23 @@ mod tests {
             windowed.writes_total(),
             every.writes_total()
         );
+    }
+
+    #[tokio::test]
+    async fn a_long_batch_is_applied_in_chunks_each_flushed_past_the_key_bound() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(a_dir.path());
+        sm.apply((1..=3000).map(create)).await.unwrap();
+        let persisted = sm.persisted_applied().map_or(0, |l| l.index);
+        assert!(
+            (1..3000).contains(&persisted),
+            "flushed mid-batch at an entry boundary, got {persisted}"
+        );
+        assert!(sm.unflushed_keys() < FLUSH_KEYS);
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(3000));
+        let mut every = open_flushing_every(b_dir.path(), 0);
+        every.apply((1..=3000).map(create)).await.unwrap();
+        assert_eq!(sm.digest().await, every.digest().await);
     }
 
     #[tokio::test]
