@@ -547,6 +547,7 @@ mod tests {
                 })
                 .collect(),
             membership_changing: changing,
+            ..Default::default()
         }
     }
 

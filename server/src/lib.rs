@@ -16,5 +16,6 @@ pub mod node;
 pub mod raft;
 pub mod store;
 pub mod tls;
+pub mod upgrade;
 
 pub use node::{run, Config};

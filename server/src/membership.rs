@@ -17,9 +17,11 @@ use std::time::Duration;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
 
+use crate::core::command::LOG_FORMAT_INITIAL;
 use crate::handover::{self, HandoverError};
 use crate::node::Node;
 use crate::raft::NodeId;
+use crate::upgrade;
 
 /// How long a voter may take to answer before it counts as unreachable.
 const REACH_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -159,6 +161,25 @@ pub async fn add_learner(
         return Err(refused(format!(
             "node {id} is already a learner at {addr}; remove it first to move it"
         )));
+    }
+    let _serial = node.format_change.lock().await;
+    let active = node.sm.log_format();
+    if active > LOG_FORMAT_INITIAL {
+        match upgrade::member_reads(node, id, peer_addr).await {
+            Some(reads) if reads >= active => {}
+            Some(reads) => {
+                return Err(refused(format!(
+                    "node {id} reads log formats up to {reads}, but the cluster's active log \
+                     format is {active}: start it with a release that reads format {active}"
+                )))
+            }
+            None => {
+                return Err(refused(format!(
+                    "node {id} at {peer_addr} did not answer a status probe, so whether it reads \
+                     the cluster's active log format {active} is unknown; start it first"
+                )))
+            }
+        }
     }
     let _open = node.handover_gate.read().await;
     node.raft

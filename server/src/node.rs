@@ -17,7 +17,8 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
 use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
-use crate::core::{limits, Command, CommandError, FinishReport, Response};
+use crate::core::command::FormatTooNew;
+use crate::core::{limits, Command, CommandError, FinishReport, Response, VersionedCommand};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::network::{self, Dialer, PeerRpc};
 use crate::raft::{LogId, NodeId, Raft};
@@ -149,6 +150,9 @@ pub enum ProposeError {
     Timeout,
     #[error("raft: {0}")]
     Raft(String),
+    /// Some member could not read the entry this command needs.
+    #[error(transparent)]
+    Format(#[from] FormatTooNew),
 }
 
 type FinishItem = (FinishReport, oneshot::Sender<Result<(), CommandError>>);
@@ -184,6 +188,10 @@ pub struct Node {
     /// follower's lease renewed) while the next leader catches up and is
     /// elected (see `handover`).
     pub(crate) handover_gate: tokio::sync::RwLock<()>,
+    /// Serialises raising the active log format with adding a learner, so
+    /// no member joins between the check that every member reads a format
+    /// and its activation (`upgrade`).
+    pub(crate) format_change: tokio::sync::Mutex<()>,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -191,10 +199,22 @@ const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 const BATCH_QUEUE: usize = 65_536;
 
 impl Node {
+    /// Proposes `cmd` as an entry of the cluster's active log format (which
+    /// every member reads); a command that needs a newer one is refused.
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
+        let entry = VersionedCommand::at(&cmd, self.sm.log_format())?;
+        self.propose_entry(entry).await
+    }
+
+    /// Proposes an entry as it is (`upgrade` raises the active format with
+    /// an entry of the new one).
+    pub(crate) async fn propose_entry(
+        &self,
+        entry: VersionedCommand,
+    ) -> Result<Response, ProposeError> {
         let write = async {
             let _open = self.handover_gate.read().await;
-            self.raft.client_write(cmd.into()).await
+            self.raft.client_write(entry).await
         };
         let res = tokio::time::timeout(PROPOSE_TIMEOUT, write).await;
         match res {
@@ -726,6 +746,7 @@ pub async fn run(
         auth_required: config.auth_token.is_some(),
         metrics,
         handover_gate: tokio::sync::RwLock::new(()),
+        format_change: tokio::sync::Mutex::new(()),
     });
     let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
@@ -734,6 +755,7 @@ pub async fn run(
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
         tokio::spawn(crate::membership::finish_interrupted(node.clone())),
+        tokio::spawn(crate::upgrade::raise_active_format(node.clone())),
     ];
     if config.join.is_empty() {
         tasks.push(tokio::spawn(bootstrap(node.clone(), config.peers.clone())));

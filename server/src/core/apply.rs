@@ -16,6 +16,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use super::codec::{decode, encode};
 use super::command::{Command, CommandError, FinishReport, Response};
 use super::keys;
+use super::query;
 use super::types::*;
 use super::validate;
 use super::view::{Overlay, StateView, Write};
@@ -93,6 +94,8 @@ fn command_time(cmd: &Command) -> i64 {
         Command::Dedup { command, .. } | Command::Authored { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
+        // Carries no time: state-machine time stays where it is.
+        Command::ActivateLogFormat { .. } => i64::MIN,
     }
 }
 
@@ -216,7 +219,24 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             Command::Batch { .. } => Err(CommandError::Invalid(
                 "commands: batches do not nest".into(),
             )),
+            Command::ActivateLogFormat { format } => self.activate_log_format(*format),
         }
+    }
+
+    /// Raises the active log format; a format at or below it changes nothing.
+    fn activate_log_format(&mut self, format: u32) -> Result<Response, CommandError> {
+        if format > super::command::LOG_FORMAT {
+            // Unreachable through the log (the entry's own format is checked
+            // first), kept so apply is total for any command value.
+            return Err(CommandError::Invalid(format!(
+                "format: {format} is newer than this binary's log format {}",
+                super::command::LOG_FORMAT
+            )));
+        }
+        if format > query::log_format(&self.o) {
+            self.o.put(keys::META_LOG_FORMAT.to_vec(), encode(&format));
+        }
+        Ok(Response::Empty)
     }
 
     fn set_widths(&mut self, widths: &'a [(String, u32)]) -> Result<(), CommandError> {

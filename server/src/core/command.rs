@@ -13,12 +13,18 @@ use serde::{Deserialize, Serialize};
 use super::codec::{check_format, decode, encode, FormatError};
 use super::types::{Job, JobSpec, Run, RunId, Token, WheelKey};
 
-/// The format in which this binary encodes commands into log entries.
+/// The newest log format this binary reads and can write. A leader writes
+/// entries at the cluster's *active* format (replicated, `query::log_format`),
+/// which rises only once every member reads the newer one (`upgrade`).
 /// 1: the first versioned format (state format 8, with `Housekeep` and
-/// Quartz schedules).
-pub const LOG_FORMAT: u32 = 1;
+/// Quartz schedules); what a node that does not report its format reads.
+/// 2: the `ActivateLogFormat` command.
+pub const LOG_FORMAT: u32 = 2;
 /// The oldest log format this binary decodes.
 pub const LOG_FORMAT_OLDEST: u32 = 1;
+/// The format of a cluster that never activated one, and the newest format
+/// a node reads that does not report one (releases before format 2).
+pub const LOG_FORMAT_INITIAL: u32 = 1;
 
 /// A command as a log entry holds it: encoded in the log format of the
 /// binary that proposed it. The entry itself decodes whatever that format
@@ -32,12 +38,42 @@ pub struct VersionedCommand {
     pub bytes: Vec<u8>,
 }
 
+/// A command that needs a newer log format than the cluster's active one:
+/// some member could not read it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this needs log format {needs}, but the cluster's active log format is {active}: \
+     upgrade every member (voters and learners) to a release that reads format {needs}; \
+     the leader then raises the active format by itself (see `kairosctl cluster status`)"
+)]
+pub struct FormatTooNew {
+    pub needs: u32,
+    pub active: u32,
+}
+
 impl VersionedCommand {
+    /// `cmd` as an entry of this binary's newest format (tests, tools).
     pub fn new(cmd: &Command) -> Self {
         VersionedCommand {
             format: LOG_FORMAT,
             bytes: encode(cmd),
         }
+    }
+
+    /// `cmd` as an entry every member of a cluster whose active log format
+    /// is `active` reads: labelled with that format, refused if the command
+    /// needs a newer one. A format-N entry holds only commands of format N
+    /// or older (variants are only appended), so its bytes are what any
+    /// reader of N decodes.
+    pub fn at(cmd: &Command, active: u32) -> Result<Self, FormatTooNew> {
+        let needs = cmd.min_format();
+        if needs > active {
+            return Err(FormatTooNew { needs, active });
+        }
+        Ok(VersionedCommand {
+            format: active.min(LOG_FORMAT),
+            bytes: encode(cmd),
+        })
     }
 
     /// The command of the entry at log index `index`, if this binary reads its format.
@@ -177,6 +213,30 @@ pub enum Command {
         now_ms: i64,
         max_deletes: u32,
     },
+    /// Raises the cluster's active log format to `format` (never lowers
+    /// it). Proposed by a leader once every member reports it reads
+    /// `format` (`upgrade`); from then on entries are written at it.
+    ActivateLogFormat {
+        format: u32,
+    },
+}
+
+impl Command {
+    /// The oldest log format that has this command (and everything inside it).
+    pub fn min_format(&self) -> u32 {
+        match self {
+            Command::ActivateLogFormat { format } => (*format).max(2),
+            Command::Dedup { command, .. } | Command::Authored { command, .. } => {
+                command.min_format()
+            }
+            Command::Batch { commands } => commands
+                .iter()
+                .map(Command::min_format)
+                .max()
+                .unwrap_or(LOG_FORMAT_INITIAL),
+            _ => LOG_FORMAT_INITIAL,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

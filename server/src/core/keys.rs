@@ -43,6 +43,10 @@ pub const META_LAST_APPLIED: &[u8] = b"mlast_applied";
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 /// Largest `now` any applied command carried: state-machine time never goes back.
 pub const META_TIME: &[u8] = b"mtime";
+/// The cluster's active log format (`Command::ActivateLogFormat`); absent
+/// means `command::LOG_FORMAT_INITIAL`. Written only at log format 2 and up,
+/// so only ever seen by binaries that read it.
+pub const META_LOG_FORMAT: &[u8] = b"mlog_format";
 /// Present while a snapshot is being loaded into the state (see `store::sm`).
 pub const META_RESTORING: &[u8] = b"mrestoring";
 /// The IANA tzdata version of the binary that last opened the data

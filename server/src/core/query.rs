@@ -31,6 +31,13 @@ pub fn runs_after<V: StateView + ?Sized>(
         .collect()
 }
 
+/// The cluster's active log format: what leaders write entries at.
+pub fn log_format<V: StateView + ?Sized>(view: &V) -> u32 {
+    view.get(keys::META_LOG_FORMAT)
+        .and_then(|b| decode(&b).ok())
+        .unwrap_or(super::command::LOG_FORMAT_INITIAL)
+}
+
 /// Whether a `Housekeep` at `now_ms` has work: a deleted job with runs
 /// left, or a job whose oldest runs are due for its history limits. Two
 /// reads of one key each, so the leader can ask often.

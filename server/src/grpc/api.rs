@@ -555,6 +555,7 @@ impl pb::cluster_server::Cluster for Api {
                             leader = id;
                         }
                         pb::NodeStatus {
+                            log_format_max: crate::upgrade::reads(&s),
                             id,
                             addr,
                             role: s.role,
@@ -566,6 +567,7 @@ impl pb::cluster_server::Cluster for Api {
                             voter: voters.contains(&id),
                             lag: lags.get(&id).copied().unwrap_or(0),
                             tzdata: s.tzdata,
+                            refusal: s.refusal,
                         }
                     }
                     None => pb::NodeStatus {
@@ -588,6 +590,7 @@ impl pb::cluster_server::Cluster for Api {
             leader,
             nodes,
             membership_changing: self.node.membership_changing(),
+            log_format: self.node.sm.log_format(),
         }))
     }
 }

@@ -206,5 +206,8 @@ pub async fn local_status(node: &Node) -> LocalStatusResponse {
         leader: m.current_leader.unwrap_or(0),
         api_addr: node.addr.clone(),
         tzdata: crate::core::schedule::TZDATA_VERSION.to_string(),
+        log_format_max: crate::core::command::LOG_FORMAT,
+        refusal: node.sm.refusal().unwrap_or_default(),
+        log_format: node.sm.log_format(),
     }
 }

@@ -16,6 +16,7 @@ use tokio::sync::{broadcast, Mutex};
 use super::kv::{KvTree, TreeView};
 use super::snapfile;
 use super::StoreError;
+use crate::core::codec::FormatError;
 use crate::core::codec::{decode, encode};
 use crate::core::{self, keys, Effect, Job, Overlay, Response, Run, RunId, StateView, WheelKey};
 use crate::raft::{
@@ -53,6 +54,9 @@ struct Inner {
     apply_lock: Mutex<()>,
     effects: broadcast::Sender<EffectBatch>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// Why this node stopped applying (an entry or snapshot it does not
+    /// read), for `LocalStatus`: Raft stops there, the process serves on.
+    refusal: std::sync::Mutex<Option<String>>,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -89,6 +93,7 @@ impl StateMachine {
             apply_lock: Mutex::new(()),
             effects,
             metrics: opts.metrics,
+            refusal: std::sync::Mutex::default(),
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -124,6 +129,23 @@ impl StateMachine {
 
     pub fn membership(&self) -> StoredMembership {
         self.meta(keys::META_MEMBERSHIP).unwrap_or_default()
+    }
+
+    /// The cluster's active log format, as far as this node applied.
+    pub fn log_format(&self) -> u32 {
+        core::query::log_format(&self.view())
+    }
+
+    /// Why this node stopped applying, if it met something it does not read.
+    pub fn refusal(&self) -> Option<String> {
+        let r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        r.clone()
+    }
+
+    fn refuse(&self, why: String) {
+        tracing::error!("{why}; this node applies nothing more until it runs a binary that reads it");
+        let mut r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        *r = Some(why);
     }
 
     /// The largest cluster time any applied command carried.
@@ -297,7 +319,7 @@ impl StateMachine {
                     let cmd = logged.command(entry.log_id.index).map_err(|e| {
                         // Nothing of this batch is written: the node stops
                         // applying here, and again at this entry after a restart.
-                        tracing::error!("refusing to apply: {e}");
+                        self.refuse(format!("refusing to apply: {e}"));
                         StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
                     })?;
                     let applied = core::apply(&overlay, &cmd);
@@ -598,7 +620,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // A snapshot of a format this binary does not read is refused here,
         // both versions named, and the node stops rather than misload it.
         let (_, held) = verified.map_err(|e| {
-            tracing::error!("refusing to install a received snapshot: {e}");
+            let why = format!("refusing to install a received snapshot: {e}");
+            let format = e.get_ref().is_some_and(|inner| inner.is::<FormatError>());
+            if format {
+                self.refuse(why);
+            } else {
+                tracing::error!("{why}");
+            }
             snap_err(e)
         })?;
         if held.last_log_id != meta.last_log_id {

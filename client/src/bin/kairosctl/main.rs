@@ -943,11 +943,12 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
             .map(|n| json!({"id": n.id, "addr": n.addr, "peer_addr": n.peer_addr, "role": n.role,
                             "voter": n.voter, "lag": n.lag, "applied_index": n.applied_index,
                             "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms,
-                            "tzdata": n.tzdata}))
+                            "tzdata": n.tzdata, "log_format_max": n.log_format_max, "refusal": n.refusal}))
             .collect();
         println!(
             "{}",
-            json!({ "leader": s.leader, "membership_changing": s.membership_changing, "nodes": nodes })
+            json!({ "leader": s.leader, "membership_changing": s.membership_changing,
+                    "log_format": s.log_format, "nodes": nodes })
         );
         return Ok(());
     }
@@ -977,6 +978,16 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
     }
     if let Some(w) = tzdata_warning(&s.nodes) {
         println!("{w}");
+    }
+    let reads: Vec<String> = s
+        .nodes
+        .iter()
+        .filter(|n| n.log_format_max > 0)
+        .map(|n| format!("node {} reads {}", n.id, n.log_format_max))
+        .collect();
+    println!("log format: {} active ({})", s.log_format, reads.join(", "));
+    for n in s.nodes.iter().filter(|n| !n.refusal.is_empty()) {
+        println!("ERROR: node {} stopped applying: {}", n.id, n.refusal);
     }
     Ok(())
 }
