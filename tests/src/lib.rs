@@ -67,6 +67,31 @@ fn remove_dead_links(links: &std::path::Path) {
     }
 }
 
+/// The `kairos` binary of the previous release (the commit in
+/// `deploy/PREVIOUS_RELEASE`), as `.ci/previous-release` builds it into
+/// `<target>/previous-release/`, or `KAIROS_PREVIOUS_BIN`. Panics, saying
+/// how to build it, when it is missing: an upgrade test never passes without it.
+pub fn previous_release_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("KAIROS_PREVIOUS_BIN") {
+        return PathBuf::from(p);
+    }
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/PREVIOUS_RELEASE");
+    let commit = std::fs::read_to_string(file).expect("deploy/PREVIOUS_RELEASE");
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/previous-release/
+    let target = exe.ancestors().nth(3).expect("target dir");
+    let bin = target
+        .join("previous-release")
+        .join(format!("kairos-{}", commit.trim()));
+    assert!(
+        bin.exists(),
+        "the previous release's binary {} is missing: build it with `.ci/previous-release` \
+         (same CARGO_TARGET_DIR as the tests), or point KAIROS_PREVIOUS_BIN at one",
+        bin.display()
+    );
+    bin
+}
+
 fn build_bin(dir: &std::path::Path, package: &str, bin: &str) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
@@ -115,6 +140,8 @@ pub struct NodeProc {
     /// Environment and flags for this node only (set before it starts).
     pub env: Vec<(String, String)>,
     pub args: Vec<String>,
+    /// The `kairos` binary this node runs (None: this tree's, [`kairos_bin`]).
+    pub bin: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -203,6 +230,7 @@ impl Cluster {
                 data: dir.path().join(format!("node{id}")),
                 env: Vec::new(),
                 args: Vec::new(),
+                bin: None,
                 child: None,
             })
             .collect();
@@ -240,6 +268,7 @@ impl Cluster {
             data,
             env: Vec::new(),
             args: Vec::new(),
+            bin: None,
             child: None,
         });
         self.start_node(id);
@@ -262,7 +291,7 @@ impl Cluster {
             .append(true)
             .open(n.data.with_extension("log"))
             .expect("log");
-        let child = Command::new(kairos_bin())
+        let child = Command::new(n.bin.clone().unwrap_or_else(kairos_bin))
             .args([
                 "serve",
                 "--id",
