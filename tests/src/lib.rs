@@ -571,3 +571,58 @@ pub fn assert_no_gap_no_double(runs: &[pb::Run], every_ms: i64) {
         );
     }
 }
+
+/// The interval of the "tick" job of [`start_ticking`].
+pub const TICK_MS: i64 = 200;
+
+/// Creates the 200 ms job "tick" and waits for its first 5 fires.
+pub async fn start_ticking(cluster: &Cluster) -> Client {
+    let c = cluster.client();
+    create(&c, every_job("tick", "g", TICK_MS as u64))
+        .await
+        .unwrap();
+    wait_for("5 fires", Duration::from_secs(60), || async {
+        (c.list_runs("tick", 1000).await.ok()?.len() >= 5).then_some(())
+    })
+    .await;
+    c
+}
+
+/// Waits for 5 more fires, pauses "tick" and checks its history (each time
+/// once, 200 ms apart) and that voters `ids` have equal digests.
+pub async fn fires_on_without_gap(cluster: &Cluster, c: &Client, ids: &[u64]) {
+    let before = c.list_runs("tick", 100_000).await.unwrap().len();
+    wait_for("5 more fires", Duration::from_secs(60), || async {
+        (c.list_runs("tick", 100_000).await.ok()?.len() >= before + 5).then_some(())
+    })
+    .await;
+    let r = pb::JobRef { id: "tick".into() };
+    c.jobs(|mut j| {
+        let r = r.clone();
+        async move { j.pause_job(r).await }
+    })
+    .await
+    .unwrap();
+    assert_no_gap_no_double(&c.list_runs("tick", 100_000).await.unwrap(), TICK_MS);
+    let via = cluster.wait_leader().await;
+    let nodes = cluster.wait_converged(via, ids).await;
+    let d = &nodes[0].state_digest;
+    assert!(
+        !d.is_empty() && nodes.iter().all(|n| &n.state_digest == d),
+        "digests differ at the same index: {nodes:?}"
+    );
+}
+
+/// Waits until node `id` follows a leader and has applied at least `index`.
+pub async fn rejoined(cluster: &Cluster, id: u64, index: u64) {
+    wait_for(
+        &format!("node {id} to rejoin"),
+        Duration::from_secs(60),
+        || async {
+            let s = cluster.status_via(id).await?;
+            let n = s.nodes.iter().find(|n| n.id == id)?;
+            (s.leader != 0 && n.role == "follower" && n.applied_index >= index).then_some(())
+        },
+    )
+    .await;
+}

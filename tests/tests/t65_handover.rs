@@ -16,10 +16,8 @@ use std::time::Duration;
 use kairos_client::pb::{self, cluster_client::ClusterClient};
 use kairos_client::{channel, Client};
 use kairos_proto::peer::{peer_client::PeerClient, ElectRequest};
-use kairos_tests::{assert_no_gap_no_double, create, every_job, kairosctl_bin, wait_for, Cluster};
+use kairos_tests::{fires_on_without_gap, kairosctl_bin, rejoined, start_ticking, wait_for, Cluster};
 use tonic::Code;
-
-const EVERY_MS: i64 = 200;
 
 async fn transfer(c: &Client, id: u64) -> Result<pb::TransferLeaderResponse, tonic::Status> {
     let req = pb::TransferLeaderRequest { id };
@@ -170,58 +168,6 @@ async fn removing_the_leader_hands_over_and_leaves_a_working_cluster() {
     let voters: BTreeSet<u64> = s.nodes.iter().filter(|n| n.voter).map(|n| n.id).collect();
     assert_eq!(voters, rest.iter().copied().collect());
     fires_on_without_gap(&cluster, &c, &rest).await;
-}
-
-/// Creates the 200 ms job "tick" and waits for its first 5 fires.
-async fn start_ticking(cluster: &Cluster) -> Client {
-    let c = cluster.client();
-    create(&c, every_job("tick", "g", EVERY_MS as u64))
-        .await
-        .unwrap();
-    wait_for("5 fires", Duration::from_secs(60), || async {
-        (c.list_runs("tick", 1000).await.ok()?.len() >= 5).then_some(())
-    })
-    .await;
-    c
-}
-
-/// Waits for 5 more fires, pauses "tick" and checks its history (each time
-/// once, 200 ms apart) and that voters `ids` have equal digests.
-async fn fires_on_without_gap(cluster: &Cluster, c: &Client, ids: &[u64]) {
-    let before = c.list_runs("tick", 100_000).await.unwrap().len();
-    wait_for("5 more fires", Duration::from_secs(60), || async {
-        (c.list_runs("tick", 100_000).await.ok()?.len() >= before + 5).then_some(())
-    })
-    .await;
-    let r = pb::JobRef { id: "tick".into() };
-    c.jobs(|mut j| {
-        let r = r.clone();
-        async move { j.pause_job(r).await }
-    })
-    .await
-    .unwrap();
-    assert_no_gap_no_double(&c.list_runs("tick", 100_000).await.unwrap(), EVERY_MS);
-    let via = cluster.wait_leader().await;
-    let nodes = cluster.wait_converged(via, ids).await;
-    let d = &nodes[0].state_digest;
-    assert!(
-        !d.is_empty() && nodes.iter().all(|n| &n.state_digest == d),
-        "digests differ at the same index: {nodes:?}"
-    );
-}
-
-/// Waits until node `id` follows a leader and has applied at least `index`.
-async fn rejoined(cluster: &Cluster, id: u64, index: u64) {
-    wait_for(
-        &format!("node {id} to rejoin"),
-        Duration::from_secs(60),
-        || async {
-            let s = cluster.status_via(id).await?;
-            let n = s.nodes.iter().find(|n| n.id == id)?;
-            (s.leader != 0 && n.role == "follower" && n.applied_index >= index).then_some(())
-        },
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

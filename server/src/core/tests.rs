@@ -1965,3 +1965,69 @@ fn a_log_entry_of_a_newer_format_is_refused_naming_both_versions() {
         .to_string()
         .contains("does not decode"));
 }
+
+#[test]
+fn entries_are_written_at_the_active_format_and_a_newer_command_is_refused() {
+    let plain = Command::DeleteJob {
+        id: "a".into(),
+        now_ms: T0,
+    };
+    let at_initial = VersionedCommand::at(&plain, command::LOG_FORMAT_INITIAL).unwrap();
+    assert_eq!(at_initial.format, command::LOG_FORMAT_INITIAL);
+    assert_eq!(at_initial.command(1), Ok(plain.clone()));
+    // Never labelled newer than this binary writes.
+    let at_future = VersionedCommand::at(&plain, command::LOG_FORMAT + 1).unwrap();
+    assert_eq!(at_future.format, command::LOG_FORMAT);
+
+    // A command of format 2, even inside a batch or a dedup wrapper, needs format 2.
+    let activate = Command::ActivateLogFormat { format: 2 };
+    let wrapped = Command::Batch {
+        commands: vec![
+            plain.clone(),
+            Command::Dedup {
+                request_id: "r".into(),
+                command: Box::new(activate.clone()),
+            },
+        ],
+    };
+    assert_eq!(plain.min_format(), 1);
+    assert_eq!(wrapped.min_format(), 2);
+    let e = VersionedCommand::at(&wrapped, 1).unwrap_err();
+    assert_eq!(
+        e,
+        command::FormatTooNew {
+            needs: 2,
+            active: 1
+        }
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("this needs log format 2, but the cluster's active log format is 1: upgrade every member"),
+        "{msg}"
+    );
+    assert_eq!(VersionedCommand::at(&activate, 2).unwrap().format, 2);
+}
+
+#[test]
+fn the_active_log_format_only_rises_and_never_past_this_binary() {
+    let mut sim = Sim {
+        view: MemView::default(),
+    };
+    assert_eq!(query::log_format(&sim.view), command::LOG_FORMAT_INITIAL);
+    let a = sim.exec(Command::ActivateLogFormat { format: 2 });
+    assert_eq!(a.response, Response::Empty);
+    assert_eq!(query::log_format(&sim.view), 2);
+    // Lower or equal: nothing changes.
+    for format in [1, 2] {
+        let a = sim.exec(Command::ActivateLogFormat { format });
+        assert_eq!(a.response, Response::Empty);
+        assert_nothing_done(&a);
+    }
+    let a = sim.exec(Command::ActivateLogFormat {
+        format: command::LOG_FORMAT + 1,
+    });
+    assert!(invalid_msg(&a).contains("newer than this binary's log format"));
+    assert_nothing_done(&a);
+    assert_eq!(query::log_format(&sim.view), 2);
+    assert_eq!(state_time(&sim.view), 0, "activation carries no time");
+}

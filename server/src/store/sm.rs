@@ -787,7 +787,8 @@ mod tests {
 
     /// A damaged transfer is refused by install; the node keeps its state
     /// and its own snapshot, still applies, and reopens.
-    async fn a_damaged_snapshot_is_refused(damage: fn(&mut Vec<u8>)) {
+    /// Returns what the node reports as its refusal.
+    async fn a_damaged_snapshot_is_refused(damage: fn(&mut Vec<u8>)) -> Option<String> {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (_a, snap) = node_with_snapshot(a_dir.path(), 50).await;
         let (mut b, own) = node_with_snapshot(b_dir.path(), 3).await;
@@ -795,6 +796,7 @@ mod tests {
         let meta = snap.meta.clone();
         let rx = receive_damaged(&mut b, snap, damage).await;
         assert!(b.install_snapshot(&meta, rx).await.is_err());
+        let refusal = b.refusal();
         assert_eq!(b.digest().await, before, "state untouched");
         let current = b.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, own.meta, "the previous snapshot is kept");
@@ -806,6 +808,7 @@ mod tests {
         drop((b, current));
         let b = open(b_dir.path());
         assert_eq!(b.digest().await, after, "reopens with the same state");
+        refusal
     }
 
     #[tokio::test]
@@ -813,6 +816,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut sm = open(dir.path());
         sm.apply([create(1)]).await.unwrap();
+        assert_eq!(sm.refusal(), None);
         let before = sm.digest().await;
         // A batch whose second entry a newer binary wrote: the first of it
         // is not applied either, so a restart meets the same entry again.
@@ -829,6 +833,9 @@ mod tests {
         assert!(e.contains(&want), "{e}");
         assert_eq!(sm.digest().await, before);
         assert_eq!(sm.last_applied().map(|l| l.index), Some(1));
+        // Reported (LocalStatus), not only logged.
+        let refusal = sm.refusal().expect("the refusal is reported");
+        assert!(refusal.contains(&want), "{refusal}");
     }
 
     #[tokio::test]
@@ -855,7 +862,24 @@ mod tests {
 
     #[tokio::test]
     async fn a_truncated_snapshot_is_refused_and_the_node_keeps_its_state_and_serves() {
-        a_damaged_snapshot_is_refused(|b| b.truncate(b.len() * 2 / 3)).await;
+        let refusal = a_damaged_snapshot_is_refused(|b| b.truncate(b.len() * 2 / 3)).await;
+        assert_eq!(refusal, None, "a damaged transfer is no format refusal");
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_of_a_newer_state_format_is_refused_and_reported() {
+        // The version follows the 8 magic bytes.
+        let refusal = a_damaged_snapshot_is_refused(|b| {
+            b[8..12].copy_from_slice(&(keys::STATE_VERSION + 1).to_le_bytes())
+        })
+        .await
+        .expect("reported");
+        let want = format!(
+            "snapshot file has format version {}, newer than this binary's {}",
+            keys::STATE_VERSION + 1,
+            keys::STATE_VERSION
+        );
+        assert!(refusal.contains(&want), "{refusal}");
     }
 
     #[tokio::test]
