@@ -985,7 +985,9 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
         .filter(|n| n.log_format_max > 0)
         .map(|n| format!("node {} reads {}", n.id, n.log_format_max))
         .collect();
-    println!("log format: {} active ({})", s.log_format, reads.join(", "));
+    // A node of a release before log format 2 reports none: format 1 is active.
+    let active = s.log_format.max(1);
+    println!("log format: {active} active ({})", reads.join(", "));
     for n in s.nodes.iter().filter(|n| !n.refusal.is_empty()) {
         println!("ERROR: node {} stopped applying: {}", n.id, n.refusal);
     }
