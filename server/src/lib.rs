@@ -6,6 +6,7 @@
 pub mod backup;
 pub mod clock;
 pub mod core;
+pub mod failpoint;
 pub mod grpc;
 pub mod handover;
 pub mod http;

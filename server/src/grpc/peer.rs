@@ -150,6 +150,10 @@ impl Peer for PeerService {
                 "node {me}'s log ends at index {last}, the leader's at {min}"
             )));
         }
+        if crate::failpoint::on("ignore-elect") {
+            tracing::error!("failpoint: not starting the election the leader asked for");
+            return Ok(Response::new(Empty {}));
+        }
         tracing::info!(leader = from, "handover: starting an election");
         self.node
             .raft

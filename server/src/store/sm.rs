@@ -310,7 +310,8 @@ impl StateMachine {
             match entry.payload {
                 EntryPayload::Blank => responses.push(Response::Empty),
                 EntryPayload::Membership(m) => {
-                    crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
+                    crash |=
+                        m.get_joint_config().len() > 1 && crate::failpoint::on("crash-on-joint");
                     let stored = StoredMembership::new(Some(entry.log_id), m);
                     overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
                     responses.push(Response::Empty);
@@ -348,16 +349,9 @@ impl StateMachine {
     }
 }
 
-/// Fault injection for the crash tests, off unless the environment says
-/// `KAIROS_FAILPOINT=crash-on-joint`: the node SIGKILLs itself right after
-/// applying a joint configuration, so a membership change is cut between
-/// its two steps exactly (the leader applies the joint entry before it
-/// proposes the second one).
-fn failpoint_crash_on_joint() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KAIROS_FAILPOINT").is_ok_and(|v| v == "crash-on-joint"))
-}
-
+/// The `crash-on-joint` failpoint (`crate::failpoint`): the leader applies
+/// the joint entry before it proposes the second one, so a change is cut
+/// between its two steps exactly.
 fn crash_now(why: &str) {
     tracing::error!("failpoint: SIGKILL after it {why}");
     let me = rustix::process::getpid();
