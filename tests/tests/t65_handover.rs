@@ -7,7 +7,12 @@
 //! cluster without it. A rolling restart of all three nodes with graceful
 //! SIGTERMs while a 200 ms interval job runs: each stopped leader handed
 //! over, every scheduled time appears exactly once, 200 ms apart, and all
-//! voters' digests are equal.
+//! voters' digests are equal. Refusals that need a fault (failpoints,
+//! `KAIROS_FAILPOINT`): a membership change left in its joint configuration
+//! (`crash-on-joint` on the leader, `leave-joint` on the rest), a target
+//! that cannot catch up (`stall-log-after`), proposals that do not commit
+//! (both followers stalled), and ABORTED when the target was asked but no
+//! election followed (`ignore-elect`): the old leader leads on.
 
 use std::collections::BTreeSet;
 use std::process::Command;
