@@ -4,9 +4,9 @@
 //! writes entries at the active format, which is replicated state
 //! (`query::log_format`, absent = `LOG_FORMAT_INITIAL`). So while members of
 //! an older release remain, a newer leader writes nothing they cannot read.
-//! Each node reports the newest format it reads in `LocalStatus`
-//! (`log_format_max`; a node that reports nothing is of a release before
-//! format 2 and reads format 1). Once every member, voters and learners,
+//! Each node reports the newest format it reads (peer `LogFormats`, and
+//! `log_format_max` in `LocalStatus`); a node of a release before format 2
+//! answers neither and reads format 1. Once every member, voters and learners,
 //! reports a newer format, the leader proposes `ActivateLogFormat`, written
 //! at that format; from its commit on, entries are written at it.
 //! A command that needs a newer format than the active one is refused
@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kairos_proto::peer::LocalStatusResponse;
+use kairos_proto::peer::{Empty, LocalStatusResponse};
 
 use crate::core::command::{LOG_FORMAT, LOG_FORMAT_INITIAL};
 use crate::core::{Command, VersionedCommand};
@@ -33,18 +33,28 @@ use crate::raft::NodeId;
 /// How often a leader whose cluster's active format is behind its binary's
 /// asks the members which formats they read.
 const CHECK: Duration = Duration::from_secs(1);
+/// Bound on one member's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The newest log format a node reads, from its status.
 pub fn reads(s: &LocalStatusResponse) -> u32 {
     s.log_format_max.max(LOG_FORMAT_INITIAL)
 }
 
-/// The newest log format member `id` reads, asked now (`None`: it did not answer).
+/// The newest log format member `id` reads, asked now with the peer
+/// `LogFormats` call (`None`: it did not answer). A node of a release
+/// before that call answers UNIMPLEMENTED: it reads `LOG_FORMAT_INITIAL`.
 pub(crate) async fn member_reads(node: &Node, id: NodeId, peer_addr: &str) -> Option<u32> {
     if id == node.id {
         return Some(LOG_FORMAT);
     }
-    node.peer_status(id, peer_addr).await.map(|s| reads(&s))
+    let mut req = tonic::Request::new(Empty {});
+    req.set_timeout(PROBE_TIMEOUT);
+    match node.peer_rpc(id, peer_addr)?.log_formats(req).await {
+        Ok(r) => Some(r.into_inner().newest.max(LOG_FORMAT_INITIAL)),
+        Err(s) if s.code() == tonic::Code::Unimplemented => Some(LOG_FORMAT_INITIAL),
+        Err(_) => None,
+    }
 }
 
 /// The newest format every member reads, or why it cannot be known now.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use kairos_proto::peer::{
     peer_server::Peer, Blob, ClockProbeResponse, ElectRequest, Empty, LocalStatusResponse,
+    LogFormatsResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -118,6 +119,16 @@ impl Peer for PeerService {
         self.sender(&req)?;
         Ok(Response::new(ClockProbeResponse {
             now_ms: self.node.clock.local_ms(),
+        }))
+    }
+
+    async fn log_formats(
+        &self,
+        req: Request<Empty>,
+    ) -> Result<Response<LogFormatsResponse>, Status> {
+        self.sender(&req)?;
+        Ok(Response::new(LogFormatsResponse {
+            newest: crate::core::command::LOG_FORMAT,
         }))
     }
 
