@@ -104,16 +104,20 @@ async fn follows(cluster: &Cluster, id: u64, leader: u64) {
 
 /// Waits until every node of `ids` follows the same leader in the same term; returns it.
 async fn stable_leader(cluster: &Cluster, ids: &[u64]) -> u64 {
-    wait_for("one leader all agree on", Duration::from_secs(30), || async {
-        let mut seen = BTreeSet::new();
-        for id in ids {
-            let mut peer = PeerClient::new(channel(&cluster.node(*id).peer).ok()?);
-            let s = peer.local_status(LocalEmpty {}).await.ok()?.into_inner();
-            seen.insert((s.leader, s.term));
-        }
-        let (leader, _) = *seen.first()?;
-        (seen.len() == 1 && leader != 0).then_some(leader)
-    })
+    wait_for(
+        "one leader all agree on",
+        Duration::from_secs(30),
+        || async {
+            let mut seen = BTreeSet::new();
+            for id in ids {
+                let mut peer = PeerClient::new(channel(&cluster.node(*id).peer).ok()?);
+                let s = peer.local_status(LocalEmpty {}).await.ok()?.into_inner();
+                seen.insert((s.leader, s.term));
+            }
+            let (leader, _) = *seen.first()?;
+            (seen.len() == 1 && leader != 0).then_some(leader)
+        },
+    )
     .await
 }
 
@@ -328,7 +332,10 @@ async fn transfer_to_a_voter_that_cannot_catch_up_is_refused() {
     // Committed by the leader and the third node; the target stays behind.
     create(&c, every_job("slow", "g", 60_000)).await.unwrap();
 
-    refused(transfer(&c, target).await, &format!("node {target} has not caught up"));
+    refused(
+        transfer(&c, target).await,
+        &format!("node {target} has not caught up"),
+    );
     // Nothing moved; the gate is open again.
     leader_is(&cluster, leader).await;
     create(&c, every_job("after", "g", 60_000)).await.unwrap();
@@ -351,15 +358,11 @@ async fn transfer_is_refused_while_proposals_do_not_commit() {
         tokio::spawn(async move { create(&c, every_job("stuck", "g", 60_000)).await })
     };
     // The write is appended on the leader and waits for a quorum.
-    wait_for(
-        "a proposal in flight",
-        Duration::from_secs(30),
-        || async {
-            let last = cluster.metric(leader, "kairos_raft_last_log_index")?;
-            let applied = cluster.metric(leader, "kairos_raft_applied_index")?;
-            (last > applied).then_some(())
-        },
-    )
+    wait_for("a proposal in flight", Duration::from_secs(30), || async {
+        let last = cluster.metric(leader, "kairos_raft_last_log_index")?;
+        let applied = cluster.metric(leader, "kairos_raft_applied_index")?;
+        (last > applied).then_some(())
+    })
     .await;
     refused(
         transfer(&c, followers[0]).await,
@@ -378,11 +381,14 @@ async fn a_handover_whose_election_does_not_happen_is_aborted() {
     let leader = stable_leader(&cluster, &[1, 2, 3]).await;
     let c = cluster.client();
     let target = (1..=3).find(|id| *id != leader).unwrap();
-    let e = transfer(&c, target).await.expect_err("no election happened");
+    let e = transfer(&c, target)
+        .await
+        .expect_err("no election happened");
     assert_eq!(e.code(), Code::Aborted, "{e:?}");
     assert!(
-        e.message()
-            .contains(&format!("node {target} was asked to take over, but no new leader was seen")),
+        e.message().contains(&format!(
+            "node {target} was asked to take over, but no new leader was seen"
+        )),
         "{e:?}"
     );
     // The old leader leads on, with heartbeats and writes.

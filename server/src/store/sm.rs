@@ -143,7 +143,9 @@ impl StateMachine {
     }
 
     fn refuse(&self, why: String) {
-        tracing::error!("{why}; this node applies nothing more until it runs a binary that reads it");
+        tracing::error!(
+            "{why}; this node applies nothing more until it runs a binary that reads it"
+        );
         let mut r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
         *r = Some(why);
     }
