@@ -39,6 +39,16 @@ fn refused(r: Result<pb::TransferLeaderResponse, tonic::Status>, why: &str) {
     assert!(e.message().contains(why), "expected {why:?}: {e:?}");
 }
 
+async fn add_learner(c: &Client, id: u64, peer_addr: String) {
+    let req = pb::AddLearnerRequest { id, peer_addr };
+    c.call(|ch| {
+        let req = req.clone();
+        async move { ClusterClient::new(ch).add_learner(req).await }
+    })
+    .await
+    .unwrap();
+}
+
 /// `kairosctl --output json ARGS` against the cluster; its stdout.
 fn kairosctl_json(cluster: &Cluster, args: &[&str]) -> serde_json::Value {
     let out = Command::new(kairosctl_bin())
@@ -138,16 +148,7 @@ async fn transfer_to_a_named_voter_and_refusals() {
     refused(transfer(&c, target).await, "already the leader");
     refused(transfer(&c, 9).await, "not a member");
     let peer4 = cluster.add_joining_node(4);
-    let req = pb::AddLearnerRequest {
-        id: 4,
-        peer_addr: peer4,
-    };
-    c.call(|ch| {
-        let req = req.clone();
-        async move { ClusterClient::new(ch).add_learner(req).await }
-    })
-    .await
-    .unwrap();
+    add_learner(&c, 4, peer4).await;
     refused(transfer(&c, 4).await, "learner");
 
     // The peer call behind it: only from the followed leader, only to a
@@ -288,16 +289,7 @@ async fn transfer_is_refused_while_a_membership_change_is_in_progress() {
     leader_is(&cluster, doomed).await;
 
     let peer4 = cluster.add_joining_node(4);
-    let req = pb::AddLearnerRequest {
-        id: 4,
-        peer_addr: peer4,
-    };
-    c.call(|ch| {
-        let req = req.clone();
-        async move { ClusterClient::new(ch).add_learner(req).await }
-    })
-    .await
-    .unwrap();
+    add_learner(&c, 4, peer4).await;
     // Promoting 4 goes through a joint configuration, and its leader dies
     // there; the answer (lost, or refused by the next leader) does not matter.
     let _ = c

@@ -49,6 +49,19 @@ async fn formats(cluster: &Cluster, via: u64) -> Option<(u32, Vec<(u64, u32)>)> 
     Some((s.log_format, reads))
 }
 
+/// Waits until node `via` reports this release's log format active.
+async fn new_format_active(cluster: &Cluster, via: u64) {
+    wait_for(
+        "the new log format to become active",
+        Duration::from_secs(30),
+        || async {
+            let (active, _) = formats(cluster, via).await?;
+            (active == LOG_FORMAT).then_some(())
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once() {
     let old = previous_release_bin();
@@ -78,15 +91,7 @@ async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once()
             }
         }
     }
-    wait_for(
-        "the new log format to become active",
-        Duration::from_secs(30),
-        || async {
-            let (active, _) = formats(&cluster, first).await?;
-            (active == LOG_FORMAT).then_some(())
-        },
-    )
-    .await;
+    new_format_active(&cluster, first).await;
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
     let s = c.status().await.unwrap();
     assert!(s.nodes.iter().all(|n| n.refusal.is_empty()), "{s:?}");
@@ -97,15 +102,7 @@ async fn after_activation_the_previous_release_refuses_newer_entries_loudly() {
     let old = previous_release_bin();
     let mut cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_leader().await;
-    wait_for(
-        "the new log format to become active",
-        Duration::from_secs(30),
-        || async {
-            let (active, _) = formats(&cluster, leader).await?;
-            (active == LOG_FORMAT).then_some(())
-        },
-    )
-    .await;
+    new_format_active(&cluster, leader).await;
 
     // A learner of the previous release is not added.
     let peer4 = cluster.add_joining_node(4);
