@@ -24,6 +24,7 @@ pub const NODES_MAX: u64 = 9;
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(1);
 const LOG_TAIL_BYTES: u64 = 4096;
+const METRICS_MAX_BYTES: u64 = 1 << 20;
 
 struct NodeProc {
     grpc: String,
@@ -371,6 +372,24 @@ impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The value of metric `name` (a line `name value`) in `GET /metrics` on `addr`.
+pub async fn http_metric(addr: &str, name: &str) -> Option<f64> {
+    let get = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut body = Vec::new();
+        s.take(METRICS_MAX_BYTES)
+            .read_to_end(&mut body)
+            .await
+            .ok()?;
+        let text = String::from_utf8_lossy(&body);
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    tokio::time::timeout(HTTP_TIMEOUT, get).await.ok()?
 }
 
 /// Status code of `GET path` on `addr` (HTTP/1.1), or None when unreachable.

@@ -135,6 +135,71 @@ pub async fn clients(endpoints: &[String], n: usize) -> anyhow::Result<Vec<Clien
     Ok((0..n.max(1)).map(|_| Client::new(eps.clone())).collect())
 }
 
+/// The same, each reporting every attempt of its calls to `attempts`.
+pub async fn observed_clients(
+    endpoints: &[String],
+    n: usize,
+    attempts: &Arc<Attempts>,
+) -> anyhow::Result<Vec<Client>> {
+    let observer = attempts.observer();
+    let plain = clients(endpoints, n).await?;
+    Ok(plain
+        .into_iter()
+        .map(|c| c.with_attempt_observer(observer.clone()))
+        .collect())
+}
+
+/// Every attempt the SDK made (first tries and retries): its outcome and
+/// how long the server took to answer it.
+#[derive(Default)]
+pub struct Attempts {
+    answer_ms: Mutex<Vec<(Code, i64)>>,
+    pub ok: AtomicU64,
+    /// `RESOURCE_EXHAUSTED` answers (admission refusals).
+    pub refused: AtomicU64,
+    pub other: AtomicU64,
+    /// How many attempts ended with each other code.
+    other_codes: Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Attempts {
+    pub fn observer(self: &Arc<Self>) -> kairos_client::AttemptObserver {
+        let me = self.clone();
+        Arc::new(move |code: Code, took: Duration| {
+            let counter = match code {
+                Code::Ok => &me.ok,
+                Code::ResourceExhausted => &me.refused,
+                other => {
+                    let mut m = me.other_codes.lock().unwrap_or_else(|e| e.into_inner());
+                    *m.entry(format!("{other:?}")).or_default() += 1;
+                    &me.other
+                }
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            let mut v = me.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
+            if v.len() < RECORD_MAX {
+                v.push((code, took.as_millis() as i64));
+            }
+        })
+    }
+
+    /// The other codes, as `Code:count, ...`.
+    pub fn other_codes(&self) -> String {
+        let m = self.other_codes.lock().unwrap_or_else(|e| e.into_inner());
+        let parts: Vec<String> = m.iter().map(|(c, n)| format!("{c}:{n}")).collect();
+        parts.join(", ")
+    }
+
+    /// Answer times recorded so far of attempts whose code passes `keep`, in ms.
+    pub fn answer_ms(&self, keep: impl Fn(Code) -> bool) -> Vec<i64> {
+        let v = self.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
+        v.iter()
+            .filter(|(c, _)| keep(*c))
+            .map(|(_, ms)| *ms)
+            .collect()
+    }
+}
+
 /// `endpoints` reordered so the current leader comes first.
 pub async fn leader_first(endpoints: &[String]) -> anyhow::Result<Vec<String>> {
     let mut eps = endpoints.to_vec();
@@ -161,6 +226,8 @@ pub async fn leader(c: &Client) -> anyhow::Result<(u64, String)> {
 pub struct CreateStats {
     pub ok: u64,
     pub existed: u64,
+    /// Still refused by an overloaded leader after the SDK's retries.
+    pub refused: u64,
     pub failed: u64,
     pub skipped: u64,
     pub first_error: Option<String>,
@@ -204,6 +271,7 @@ pub async fn create_jobs(
             Ok(_) => st.ok += 1,
             Err(None) => st.skipped += 1,
             Err(Some(e)) if e.code() == Code::AlreadyExists => st.existed += 1,
+            Err(Some(e)) if e.code() == Code::ResourceExhausted => st.refused += 1,
             Err(Some(e)) => {
                 st.failed += 1;
                 st.first_error

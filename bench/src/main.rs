@@ -1,9 +1,8 @@
 //! `kairos-bench`: the load tool of Kairos. It starts a local 3-node
 //! cluster from the release binary (or uses `--endpoints`), drives it with
 //! real workers and clients over gRPC, and prints a table or JSON per
-//! scenario: `throughput`, `seed-10k`, `timers-1m`, `failover`,
-//! `rolling-restart`, and `smoke`
-//! (all four, short, for CI). The exit status is non-zero when a scenario
+//! scenario: `throughput`, `seed-10k`, `timers-1m`, `failover`, `overload`,
+//! `rolling-restart`, and `smoke` (all but `rolling-restart`, short, for CI). The exit status is non-zero when a scenario
 //! errs or finds a correctness violation (lost or doubled fires); missed
 //! performance targets are reported, not failed.
 
@@ -34,11 +33,14 @@ pub enum Scenario {
     Timers1m,
     /// SIGKILL the leader repeatedly under interval load: gap to the next fire, lost and doubled fires.
     Failover,
+    /// The saturating load (`--rate`), then 5x it for `--duration` (60 s): delivered fires/s,
+    /// elections, create answer times and refusals.
+    Overload,
     /// Restart every node in turn under interval load, first gracefully (SIGTERM: the leader
     /// hands over), then with SIGKILL: fire delay and lateness, elections, lost and doubled fires.
     #[value(name = "rolling-restart")]
     RollingRestart,
-    /// All four scenarios, short (for CI).
+    /// Every scenario but `rolling-restart`, short (for CI).
     Smoke,
 }
 
@@ -82,7 +84,8 @@ pub struct Opts {
     /// Concurrent clients (connections) creating jobs.
     #[arg(long, default_value_t = 64)]
     pub clients: usize,
-    /// throughput: offered fires/s (jobs x 1000 / every-ms).
+    /// throughput: offered fires/s (jobs x 1000 / every-ms); overload: the saturating
+    /// load of its first phase (default 5000), 5x that in the second.
     #[arg(long)]
     pub rate: Option<u64>,
     /// Interval of the interval jobs in `throughput`, `failover` and `rolling-restart` (ms).

@@ -19,6 +19,9 @@ use tonic::{Code, Status};
 
 /// Metadata key the server uses for the leader's address on a redirect.
 pub const LEADER_HEADER: &str = "x-kairos-leader";
+/// Metadata key with which an overloaded leader says how many milliseconds
+/// to wait before retrying a refused (`RESOURCE_EXHAUSTED`) write.
+pub const RETRY_AFTER_HEADER: &str = "retry-after-ms";
 /// Metadata key that asks a node for its local state (no forwarding).
 pub const LOCAL_HEADER: &str = "x-kairos-local";
 
@@ -39,7 +42,17 @@ struct Inner {
     channels: Mutex<HashMap<String, Channel>>,
     retry_for: Duration,
     security: Security,
+    observer: Option<AttemptObserver>,
 }
+
+/// Called after every attempt of a call with its outcome (`Code::Ok` for
+/// success) and how long the server took to answer it.
+pub type AttemptObserver = Arc<dyn Fn(Code, Duration) + Send + Sync>;
+
+/// Most times one call is retried after `RESOURCE_EXHAUSTED` (an
+/// overloaded leader), and the longest hint it follows.
+pub const OVERLOAD_RETRIES_MAX: u32 = 8;
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
 
 /// How to reach a cluster: the CA to trust (TLS) and the token to present.
 /// The default is plain TCP without a token (a development cluster).
@@ -184,6 +197,32 @@ fn retryable(s: &Status) -> bool {
     }
 }
 
+/// The wait an overloaded leader asked for, if `s` is such a refusal
+/// (`RESOURCE_EXHAUSTED` with `retry-after-ms`; other exhaustion, such as
+/// a message over the size cap, is not retried).
+pub fn retry_after(s: &Status) -> Option<Duration> {
+    if s.code() != Code::ResourceExhausted {
+        return None;
+    }
+    let ms: u64 = s
+        .metadata()
+        .get(RETRY_AFTER_HEADER)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms).min(RETRY_AFTER_MAX))
+}
+
+/// `hint` stretched by a random 0–50 %, so refused clients do not all come
+/// back at once.
+fn jittered(hint: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    // Each RandomState is keyed afresh, so this is a new random number.
+    let per_mille = std::collections::hash_map::RandomState::new().hash_one(0u8) % 500;
+    hint + hint * per_mille as u32 / 1000
+}
+
 impl Client {
     /// A client over `endpoints` (host:port). Retries for up to 10 s by default.
     pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
@@ -199,31 +238,39 @@ impl Client {
                 channels: Mutex::new(HashMap::new()),
                 retry_for: Duration::from_secs(10),
                 security: Security::default(),
+                observer: None,
             }),
         }
     }
 
-    fn rebuilt(&self, retry_for: Duration, security: Security) -> Self {
-        let inner = Inner {
+    fn rebuilt(&self, change: impl FnOnce(&mut Inner)) -> Self {
+        let mut inner = Inner {
             endpoints: Mutex::new(self.endpoints()),
             current: Mutex::new(0),
             channels: Mutex::new(HashMap::new()),
-            retry_for,
-            security,
+            retry_for: self.inner.retry_for,
+            security: self.inner.security.clone(),
+            observer: self.inner.observer.clone(),
         };
+        change(&mut inner);
         Client {
             inner: Arc::new(inner),
         }
     }
 
-    /// How long a call keeps retrying through leader changes.
+    /// How long a call keeps retrying through leader changes and overload.
     pub fn with_retry_for(self, d: Duration) -> Self {
-        self.rebuilt(d, self.inner.security.clone())
+        self.rebuilt(|i| i.retry_for = d)
     }
 
     /// TLS trust and token for every call.
     pub fn with_security(self, sec: Security) -> Self {
-        self.rebuilt(self.inner.retry_for, sec)
+        self.rebuilt(|i| i.security = sec)
+    }
+
+    /// Reports every attempt of every call (for load tools and metrics).
+    pub fn with_attempt_observer(self, f: AttemptObserver) -> Self {
+        self.rebuilt(|i| i.observer = Some(f))
     }
 
     pub fn security(&self) -> &Security {
@@ -290,15 +337,17 @@ impl Client {
         Ok(InterceptedService::new(c, auth))
     }
 
-    /// Runs `f` against the current endpoint, following leader hints and
-    /// trying other endpoints while the cluster is unavailable.
+    /// Runs `f` against the current endpoint, following leader hints,
+    /// trying other endpoints while the cluster is unavailable, and waiting
+    /// out an overloaded leader's retry hint (at most
+    /// `OVERLOAD_RETRIES_MAX` times, with jitter).
     pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
         F: Fn(AuthChannel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let deadline = Instant::now() + self.inner.retry_for;
-        let mut attempt = 0u32;
+        let (mut attempt, mut overloads) = (0u32, 0u32);
         // One id for the call and all its retries: a write whose response
         // was lost is not applied again when retried.
         let request_id = new_request_id();
@@ -306,10 +355,25 @@ impl Client {
             let addr = self
                 .current()
                 .ok_or_else(|| Status::invalid_argument("endpoints: none given"))?;
-            let err = match f(self.channel_tagged(&addr, Some(&request_id))?).await {
+            let started = Instant::now();
+            let res = f(self.channel_tagged(&addr, Some(&request_id))?).await;
+            if let Some(observe) = &self.inner.observer {
+                let code = res.as_ref().map_or_else(Status::code, |_| Code::Ok);
+                observe(code, started.elapsed());
+            }
+            let err = match res {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(e) => e,
             };
+            if let Some(hint) = retry_after(&err) {
+                overloads += 1;
+                let wait = jittered(hint);
+                if overloads > OVERLOAD_RETRIES_MAX || Instant::now() + wait >= deadline {
+                    return Err(err);
+                }
+                tokio::time::sleep(wait).await;
+                continue;
+            }
             if !retryable(&err) || Instant::now() >= deadline {
                 return Err(err);
             }
@@ -416,5 +480,85 @@ impl Client {
             (after, after_shard) = (page.next_after_scheduled_at_ms, page.next_after_shard);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(ms: &str) -> Status {
+        let mut s = Status::resource_exhausted("leader overloaded");
+        s.metadata_mut()
+            .insert(RETRY_AFTER_HEADER, ms.parse().unwrap());
+        s
+    }
+
+    #[test]
+    fn only_a_refusal_with_a_hint_is_waited_out() {
+        assert_eq!(
+            retry_after(&refusal("120")),
+            Some(Duration::from_millis(120))
+        );
+        assert_eq!(retry_after(&refusal("999999")), Some(RETRY_AFTER_MAX));
+        assert_eq!(retry_after(&refusal("soon")), None);
+        // Exhaustion without a hint (e.g. a message over the size cap) is final.
+        assert_eq!(retry_after(&Status::resource_exhausted("too big")), None);
+        let mut other = Status::unavailable("x");
+        other
+            .metadata_mut()
+            .insert(RETRY_AFTER_HEADER, "5".parse().unwrap());
+        assert_eq!(retry_after(&other), None);
+    }
+
+    /// Runs one call whose first `refusals` attempts are refused (with
+    /// `hint`, if any); returns its result and the attempts the observer saw.
+    async fn call_refused(refusals: u32, hint: Option<&'static str>) -> (Result<u32, Status>, u32) {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let (tries, seen) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let count = seen.clone();
+        let client = Client::new(["127.0.0.1:1"]).with_attempt_observer(Arc::new(move |_, _| {
+            count.fetch_add(1, Ordering::Relaxed);
+        }));
+        let res = client
+            .call(|_channel| {
+                let n = tries.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    match (n < refusals, hint) {
+                        (false, _) => Ok(tonic::Response::new(7)),
+                        (true, Some(ms)) => Err(refusal(ms)),
+                        (true, None) => Err(Status::resource_exhausted("too big")),
+                    }
+                }
+            })
+            .await;
+        assert_eq!(seen.load(Ordering::Relaxed), tries.load(Ordering::Relaxed));
+        (res, tries.load(Ordering::Relaxed))
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_is_retried_as_hinted_until_admitted() {
+        let (res, tries) = call_refused(3, Some("1")).await;
+        assert_eq!((res.ok(), tries), (Some(7), 4));
+    }
+
+    #[tokio::test]
+    async fn overload_retries_are_bounded_and_a_hintless_refusal_is_final() {
+        let (res, tries) = call_refused(u32::MAX, Some("1")).await;
+        assert_eq!(res.unwrap_err().code(), Code::ResourceExhausted);
+        assert_eq!(tries, OVERLOAD_RETRIES_MAX + 1);
+        let (res, tries) = call_refused(u32::MAX, None).await;
+        assert_eq!(
+            (res.unwrap_err().code(), tries),
+            (Code::ResourceExhausted, 1)
+        );
+    }
+
+    #[test]
+    fn jitter_stretches_the_hint_by_at_most_half() {
+        let hint = Duration::from_millis(200);
+        let waits: Vec<Duration> = (0..200).map(|_| jittered(hint)).collect();
+        assert!(waits.iter().all(|w| *w >= hint && *w < hint * 3 / 2));
+        assert!(waits.iter().any(|w| *w != waits[0]), "no jitter at all");
     }
 }

@@ -152,7 +152,7 @@ async fn first_answering(node: &Node, ids: Vec<NodeId>) -> Result<(NodeId, Strin
         let Some((_, addr)) = members.iter().find(|(m, _)| m == id) else {
             continue;
         };
-        if let Ok(Some(_)) = timeout(RPC_TIMEOUT, node.peer_status(*id, addr)).await {
+        if let Ok(Some(_)) = timeout(RPC_TIMEOUT, node.peer_status(*id, addr, false)).await {
             return Ok((*id, addr.clone()));
         }
     }

@@ -3,6 +3,7 @@
 //! See `ARCHITECTURE.md` at the repository root for the codemap and the
 //! invariants each module keeps.
 
+pub mod admission;
 pub mod backup;
 pub mod clock;
 pub mod core;

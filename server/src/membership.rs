@@ -88,7 +88,7 @@ async fn reachable(node: &Node, set: &BTreeSet<NodeId>) -> BTreeSet<NodeId> {
             if *id == node.id {
                 return Some(*id);
             }
-            let s = tokio::time::timeout(REACH_TIMEOUT, node.peer_status(*id, &addr?)).await;
+            let s = tokio::time::timeout(REACH_TIMEOUT, node.peer_status(*id, &addr?, false)).await;
             s.ok().flatten().map(|_| *id)
         }
     });

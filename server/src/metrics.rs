@@ -58,6 +58,15 @@ pub struct Metrics {
     queue_depth: Family<GroupLabel, Gauge>,
     workers: Family<GroupLabel, Gauge>,
     in_flight: Family<GroupLabel, Gauge>,
+    admitted_writes: Gauge,
+    admitted_write_bytes: Gauge,
+    admitted_writes_limit: Gauge,
+    refused_writes: Counter,
+    state_writes: Counter,
+    unflushed_keys: Gauge,
+    /// One scrape at a time: levels are cleared and re-read, counters kept
+    /// elsewhere are caught up.
+    rendering: Mutex<()>,
 }
 
 impl Default for Metrics {
@@ -90,6 +99,13 @@ impl Metrics {
             queue_depth: Family::default(),
             workers: Family::default(),
             in_flight: Family::default(),
+            admitted_writes: Gauge::default(),
+            admitted_write_bytes: Gauge::default(),
+            admitted_writes_limit: Gauge::default(),
+            refused_writes: Counter::default(),
+            state_writes: Counter::default(),
+            unflushed_keys: Gauge::default(),
+            rendering: Mutex::new(()),
         };
         m.register()
     }
@@ -186,6 +202,37 @@ impl Metrics {
             "Attempts handed to workers and not yet finished, per group (leader)",
             self.in_flight.clone(),
         );
+        r.register(
+            "kairos_admitted_writes",
+            "Client write commands admitted and not yet answered (leader)",
+            self.admitted_writes.clone(),
+        );
+        r.register_with_unit(
+            "kairos_admitted_write",
+            "Encoded size of the client write commands admitted and not yet answered (leader)",
+            Unit::Bytes,
+            self.admitted_write_bytes.clone(),
+        );
+        r.register(
+            "kairos_admitted_writes_limit",
+            "Client write commands admission lets in flight now (adapts to apply speed)",
+            self.admitted_writes_limit.clone(),
+        );
+        r.register(
+            "kairos_refused_writes",
+            "Client writes refused with RESOURCE_EXHAUSTED by admission control",
+            self.refused_writes.clone(),
+        );
+        r.register(
+            "kairos_state_writes",
+            "State keys written to or deleted from the store since this node started (net of keys rewritten within a flush window)",
+            self.state_writes.clone(),
+        );
+        r.register(
+            "kairos_state_unflushed_keys",
+            "Applied state keys held in memory and not yet written to the store (the log holds them)",
+            self.unflushed_keys.clone(),
+        );
         self
     }
 
@@ -225,6 +272,7 @@ impl Metrics {
 
     /// The Prometheus text exposition, levels read from `node` now.
     pub fn render(&self, node: &Node) -> String {
+        let _one = self.rendering.lock().unwrap_or_else(|e| e.into_inner());
         let m = node.raft.metrics().borrow().clone();
         let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.raft_term.set(int(m.current_term));
@@ -258,11 +306,28 @@ impl Metrics {
             self.workers.get_or_create(&label).inc_by(n(st.workers));
             self.in_flight.get_or_create(&label).inc_by(n(st.in_flight));
         }
+        let (writes, write_bytes) = node.admission.load();
+        self.admitted_writes.set(int(writes as u64));
+        self.admitted_write_bytes.set(int(write_bytes as u64));
+        self.admitted_writes_limit
+            .set(int(node.admission.limit() as u64));
+        catch_up(&self.refused_writes, node.admission.refused_total());
+        catch_up(&self.state_writes, node.sm.writes_total());
+        self.unflushed_keys
+            .set(int(node.sm.unflushed_keys() as u64));
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {
             tracing::error!("encoding metrics: {e}");
         }
         out
+    }
+}
+
+/// Raises `counter` to `total`, a count kept by the part that owns it.
+fn catch_up(counter: &Counter, total: u64) {
+    let seen = counter.get();
+    if total > seen {
+        counter.inc_by(total - seen);
     }
 }
 

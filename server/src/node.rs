@@ -9,13 +9,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kairos_proto::peer::{Empty, LocalStatusResponse};
+use kairos_proto::peer::{Empty, LocalStatusRequest, LocalStatusResponse};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
+use crate::admission::{self, Admission, Overloaded, Ticket};
 use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
 use crate::core::command::FormatTooNew;
 use crate::core::{limits, Command, CommandError, FinishReport, Response, VersionedCommand};
@@ -55,6 +56,10 @@ pub struct Config {
     /// Most ready attempts the leader queues in memory per worker group;
     /// the rest wait in the replicated active-runs table and are paged in.
     pub queue_max: usize,
+    /// Applied state is written to sled at least this often (0: after each batch).
+    pub flush_ms: u64,
+    /// When the leader refuses client writes (`RESOURCE_EXHAUSTED`).
+    pub admission: admission::Bounds,
 }
 
 impl Config {
@@ -85,6 +90,8 @@ impl Config {
             auth_token: None,
             join: Vec::new(),
             queue_max: crate::leader::dispatch::QUEUE_MAX,
+            flush_ms: store::sm::FLUSH_MS_DEFAULT,
+            admission: admission::Bounds::default(),
         }
     }
 
@@ -114,11 +121,18 @@ impl Config {
         );
         anyhow::ensure!(self.snapshot_logs > 0, "snapshot_logs: must be at least 1");
         anyhow::ensure!(
+            self.flush_ms <= store::sm::FLUSH_MS_MAX,
+            "flush-ms: must be between 0 and {}, got {}",
+            store::sm::FLUSH_MS_MAX,
+            self.flush_ms
+        );
+        anyhow::ensure!(
             (1..=crate::leader::dispatch::QUEUE_MAX).contains(&self.queue_max),
             "queue-max: must be between 1 and {}, got {}",
             crate::leader::dispatch::QUEUE_MAX,
             self.queue_max
         );
+        self.admission.validate().map_err(anyhow::Error::msg)?;
         Ok(())
     }
 
@@ -153,10 +167,40 @@ pub enum ProposeError {
     /// Some member could not read the entry this command needs.
     #[error(transparent)]
     Format(#[from] FormatTooNew),
+    /// Refused by admission control before it was proposed: nothing was written.
+    #[error(transparent)]
+    Overloaded(#[from] Overloaded),
 }
 
 type FinishItem = (FinishReport, oneshot::Sender<Result<(), CommandError>>);
-type ProposalItem = (Command, oneshot::Sender<Result<Response, ProposeError>>);
+/// An admitted client command waiting for its batch.
+struct ProposalItem {
+    cmd: Command,
+    /// Its encoded size.
+    bytes: usize,
+    /// When it was admitted, on the monotonic clock.
+    queued_ms: i64,
+    tx: oneshot::Sender<Result<Response, ProposeError>>,
+    /// Holds the command's share of the admission load until it is answered.
+    ticket: Ticket,
+    claim: Arc<Claim>,
+}
+
+/// Taken once, by whichever comes first: the batcher putting the command
+/// into a proposal (it may commit; its waiter waits for the outcome), or the
+/// waiter withdrawing it after `max_wait_ms` (refused, never proposed).
+#[derive(Default)]
+struct Claim(std::sync::atomic::AtomicBool);
+
+impl Claim {
+    fn take(&self) -> bool {
+        !self.0.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+}
+/// Reports per Finish proposal: applying one writes about three state keys,
+/// in a sled batch that this node's Raft log appends wait behind.
+const FINISH_PROPOSAL_REPORTS: usize = 1024;
+const _: () = assert!(FINISH_PROPOSAL_REPORTS <= limits::FINISH_BATCH_MAX);
 /// Client-command batches in flight at once; while they are, new commands
 /// queue up and go out together in the next entry (group commit).
 const PROPOSALS_IN_FLIGHT: usize = 4;
@@ -176,6 +220,7 @@ pub struct Node {
     assign_tx: mpsc::Sender<Handed>,
     finish_tx: mpsc::Sender<FinishItem>,
     proposal_tx: mpsc::Sender<ProposalItem>,
+    pub admission: Arc<Admission>,
     /// Cached channels: to peer listeners by (Some(id), addr), to public ones by (None, addr).
     channels: Mutex<HashMap<(Option<NodeId>, String), Channel>>,
     pub dialer: Dialer,
@@ -238,13 +283,73 @@ impl Node {
         self.raft.ensure_linearizable().await
     }
 
+    /// Confirms with a quorum that this node is still the leader, without
+    /// waiting for apply (a backlog is not a lost quorum); held, like reads,
+    /// while a handover is under way.
+    pub async fn confirm_leadership(
+        &self,
+    ) -> Result<
+        (Option<LogId>, Option<LogId>),
+        RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>,
+    > {
+        let _open = self.handover_gate.read().await;
+        self.raft.get_read_log_id().await
+    }
+
     /// Proposes a client command, grouped with others that arrive meanwhile
-    /// into one log entry.
+    /// into one log entry, if admission control lets it in (else it is
+    /// refused at once with [`ProposeError::Overloaded`]).
     pub async fn propose_grouped(&self, cmd: Command) -> Result<Response, ProposeError> {
-        let (tx, rx) = oneshot::channel();
+        let bytes = crate::core::codec::encoded_len(&cmd);
+        let now_ms = self.clock.mono_ms();
+        let ticket = (self.admission).admit(bytes, self.apply_progress().1, now_ms)?;
+        let (tx, mut rx) = oneshot::channel();
+        let claim = Arc::new(Claim::default());
+        let item = ProposalItem {
+            cmd,
+            bytes,
+            queued_ms: now_ms,
+            tx,
+            ticket,
+            claim: claim.clone(),
+        };
+        // The queue holds as many commands as admission lets in flight.
         let busy = || ProposeError::Raft("proposal queue full; retry".into());
-        self.proposal_tx.try_send((cmd, tx)).map_err(|_| busy())?;
-        rx.await.map_err(|_| ProposeError::Timeout)?
+        self.proposal_tx.try_send(item).map_err(|_| busy())?;
+        let wait = Duration::from_millis(self.admission.bounds.max_wait_ms);
+        let res = match tokio::time::timeout(wait, &mut rx).await {
+            Ok(res) => res,
+            Err(_) if claim.take() => {
+                let refused = self.admission.withdraw(now_ms, self.clock.mono_ms());
+                return Err(refused.into());
+            }
+            Err(_) => rx.await,
+        };
+        let res = res.map_err(|_| ProposeError::Timeout)?;
+        res.map_err(|e| self.with_public_hint(e))
+    }
+
+    /// openraft names the new leader by its membership (peer) address;
+    /// clients need its public one, or no hint rather than a wrong one.
+    fn with_public_hint(&self, e: ProposeError) -> ProposeError {
+        match e {
+            ProposeError::NotLeader { leader } => ProposeError::NotLeader {
+                leader: leader.and_then(|(id, _)| Some((id, self.api_addr(id)?))),
+            },
+            other => other,
+        }
+    }
+
+    /// This node's applied index, and the log entries it has appended and
+    /// not yet applied.
+    pub fn apply_progress(&self) -> (u64, u64) {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        (
+            applied,
+            m.last_log_index.unwrap_or(0).saturating_sub(applied),
+        )
     }
 
     /// The leader this node knows of, with its public address (None until
@@ -341,9 +446,17 @@ impl Node {
         Some(c)
     }
 
-    /// A member's own status, asked over its peer address.
-    pub async fn peer_status(&self, id: NodeId, peer_addr: &str) -> Option<LocalStatusResponse> {
-        let mut req = tonic::Request::new(Empty {});
+    /// A member's own status, asked over its peer address; its state digest
+    /// only with `digest` (costly: see [`crate::grpc::peer::local_status`]).
+    pub async fn peer_status(
+        &self,
+        id: NodeId,
+        peer_addr: &str,
+        digest: bool,
+    ) -> Option<LocalStatusResponse> {
+        let mut req = tonic::Request::new(LocalStatusRequest {
+            skip_digest: !digest,
+        });
         req.set_timeout(Duration::from_secs(2));
         let mut client = self.peer_rpc(id, peer_addr)?;
         let s = client.local_status(req).await.ok()?.into_inner();
@@ -479,7 +592,7 @@ async fn in_batches<T, Fut>(
 
 async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
     use rand::Rng;
-    in_batches(rx, limits::FINISH_BATCH_MAX, finish_bytes, |batch| {
+    in_batches(rx, FINISH_PROPOSAL_REPORTS, finish_bytes, |batch| {
         let (mut reports, waiters): (Vec<FinishReport>, Vec<_>) = batch.into_iter().unzip();
         let mut rng = rand::thread_rng();
         for r in &mut reports {
@@ -518,28 +631,55 @@ async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
     .await
 }
 
+/// Feeds admission control this node's apply progress (`admission::Drain`).
+async fn sample_apply(node: Arc<Node>) {
+    let every = Duration::from_millis(admission::DRAIN_SAMPLE_MS);
+    loop {
+        tokio::time::sleep(every).await;
+        let (applied, backlog) = node.apply_progress();
+        (node.admission).observe_apply(node.clock.mono_ms(), applied, backlog);
+    }
+}
+
 async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
-    // A command's encoded size: exact, and cheap next to replicating it.
-    let size = |item: &ProposalItem| crate::core::codec::encode(&item.0).len();
+    let size = |item: &ProposalItem| item.bytes;
     in_batches(rx, limits::PROPOSAL_BATCH_MAX, size, |batch| {
+        // Commands that waited past the bound, or would now queue behind
+        // too long a backlog, are refused, unproposed.
+        let (now_ms, (_, backlog)) = (node.clock.mono_ms(), node.apply_progress());
+        let mut fresh = Vec::with_capacity(batch.len());
+        for item in batch.into_iter().filter(|i| i.claim.take()) {
+            match node.admission.recheck(item.queued_ms, backlog, now_ms) {
+                Ok(()) => fresh.push(item),
+                Err(e) => drop(item.tx.send(Err(e.into()))),
+            }
+        }
         let node = node.clone();
-        async move { propose_batch(&node, batch).await }
+        async move { propose_batch(&node, fresh).await }
     })
     .await
 }
 
+/// Proposes a batch (one command alone, else a `Batch` entry), answers each
+/// waiter, and tells admission control how long the proposal took.
 async fn propose_batch(node: &Node, mut batch: Vec<ProposalItem>) {
-    if batch.len() == 1 {
-        if let Some((cmd, tx)) = batch.pop() {
-            let _ = tx.send(node.propose(cmd).await);
+    let (n, started_ms) = (batch.len(), node.clock.mono_ms());
+    let took = || (node.clock.mono_ms() - started_ms).max(0) as u64;
+    if n <= 1 {
+        if let Some(item) = batch.pop() {
+            let res = node.propose(item.cmd).await;
+            node.admission.completed(took(), n);
+            let _ = item.tx.send(res);
         }
         return;
     }
-    let (commands, waiters): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
-    let n = commands.len();
-    match node.propose(Command::Batch { commands }).await {
+    let (commands, waiters): (Vec<Command>, Vec<_>) =
+        batch.into_iter().map(|i| (i.cmd, (i.tx, i.ticket))).unzip();
+    let res = node.propose(Command::Batch { commands }).await;
+    node.admission.completed(took(), n);
+    match res {
         Ok(Response::Many(rs)) if rs.len() == n => {
-            for (tx, r) in waiters.into_iter().zip(rs) {
+            for ((tx, _ticket), r) in waiters.into_iter().zip(rs) {
                 let _ = tx.send(Ok(r));
             }
         }
@@ -547,11 +687,11 @@ async fn propose_batch(node: &Node, mut batch: Vec<ProposalItem>) {
             let e = ProposeError::Raft(format!("batch answered {other:?}"));
             waiters
                 .into_iter()
-                .for_each(|tx| drop(tx.send(Err(e.clone()))));
+                .for_each(|(tx, _ticket)| drop(tx.send(Err(e.clone()))));
         }
         Err(e) => waiters
             .into_iter()
-            .for_each(|tx| drop(tx.send(Err(e.clone())))),
+            .for_each(|(tx, _ticket)| drop(tx.send(Err(e.clone())))),
     }
 }
 
@@ -570,7 +710,7 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
             let Some(mut client) = node.peer_rpc(*id, addr) else {
                 return;
             };
-            let mut req = tonic::Request::new(Empty {});
+            let mut req = tonic::Request::new(LocalStatusRequest::default());
             req.set_timeout(Duration::from_millis(500));
             match client.local_status(req).await {
                 Ok(s) if s.get_ref().term > 0 => {
@@ -674,7 +814,7 @@ async fn learn_api_addrs(node: Arc<Node>) {
         let asks = wanted.iter().map(|(id, peer)| {
             let node = node.clone();
             async move {
-                if let Some(s) = node.peer_status(*id, peer).await {
+                if let Some(s) = node.peer_status(*id, peer, false).await {
                     node.learn_api_addr(*id, &s.api_addr);
                     let ours = crate::core::schedule::TZDATA_VERSION;
                     if !s.tzdata.is_empty() && s.tzdata != ours {
@@ -707,6 +847,7 @@ pub async fn run(
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let sm_opts = store::sm::Options {
         metrics: metrics.clone(),
+        flush_ms: config.flush_ms,
         ..Default::default()
     };
     let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
@@ -718,9 +859,7 @@ pub async fn run(
     let raft = Raft::new(
         config.id,
         raft_config,
-        network::Network {
-            dialer: dialer.clone(),
-        },
+        network::Network::new(dialer.clone()),
         log.clone(),
         sm.clone(),
     )
@@ -728,7 +867,7 @@ pub async fn run(
     tracing::info!("store open, raft started");
     let (assign_tx, assign_rx) = mpsc::channel(BATCH_QUEUE);
     let (finish_tx, finish_rx) = mpsc::channel(BATCH_QUEUE);
-    let (proposal_tx, proposal_rx) = mpsc::channel(BATCH_QUEUE);
+    let (proposal_tx, proposal_rx) = mpsc::channel(config.admission.max_commands);
     let node = Arc::new(Node {
         id: config.id,
         addr: config.advertise.clone(),
@@ -741,6 +880,7 @@ pub async fn run(
         assign_tx,
         finish_tx,
         proposal_tx,
+        admission: Admission::new(config.admission, config.clock.mono_ms()),
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),
@@ -752,10 +892,12 @@ pub async fn run(
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
         tokio::spawn(commit_finishes(node.clone(), finish_rx)),
         tokio::spawn(group_proposals(node.clone(), proposal_rx)),
+        tokio::spawn(sample_apply(node.clone())),
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
         tokio::spawn(crate::membership::finish_interrupted(node.clone())),
         tokio::spawn(crate::upgrade::raise_active_format(node.clone())),
+        tokio::spawn(node.sm.clone().run_flusher()),
     ];
     if config.join.is_empty() {
         tasks.push(tokio::spawn(bootstrap(node.clone(), config.peers.clone())));
@@ -804,6 +946,12 @@ pub async fn run(
         .shutdown()
         .await
         .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+    // Not needed for safety (the log is applied again after a restart),
+    // but a clean stop restarts without replaying the last window.
+    node.sm
+        .flush()
+        .await
+        .map_err(|e| anyhow::anyhow!("flushing applied state: {e}"))?;
     Ok(())
 }
 
@@ -843,6 +991,13 @@ mod tests {
             batches,
             vec![vec![mb / 2, mb / 2], vec![1], vec![mb * 2], vec![7]]
         );
+    }
+
+    #[test]
+    fn a_command_is_either_proposed_or_withdrawn_never_both() {
+        let claim = Claim::default();
+        assert!(claim.take(), "the first taker wins");
+        assert!(!claim.take(), "the other one finds it taken");
     }
 
     #[tokio::test]

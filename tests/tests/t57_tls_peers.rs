@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kairos_client::{pb, Client};
-use kairos_proto::peer::{peer_client::PeerClient, Blob, Empty};
+use kairos_proto::peer::{peer_client::PeerClient, Blob, LocalStatusRequest};
 use kairos_server::core::codec::encode;
 use kairos_server::raft::TypeConfig;
 use kairos_tests::{certs_init, create, every_job, wait_for, Cluster};
@@ -102,7 +102,10 @@ async fn the_peer_port_admits_only_cluster_nodes_speaking_as_themselves() {
     // learns it when the server closes the connection: a transport error,
     // never an answer from the service.)
     let mut anon = PeerClient::new(peer_channel(&target, &ca, None, follower));
-    let e = anon.local_status(as_sender(Empty {}, 2)).await.unwrap_err();
+    let e = anon
+        .local_status(as_sender(LocalStatusRequest::default(), 2))
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             e.code(),
@@ -125,7 +128,7 @@ async fn the_peer_port_admits_only_cluster_nodes_speaking_as_themselves() {
         follower,
     ));
     let e = stranger
-        .local_status(as_sender(Empty {}, 2))
+        .local_status(as_sender(LocalStatusRequest::default(), 2))
         .await
         .unwrap_err();
     assert!(
@@ -145,7 +148,7 @@ async fn the_peer_port_admits_only_cluster_nodes_speaking_as_themselves() {
         follower,
     ));
     let e = client_cert
-        .local_status(as_sender(Empty {}, 2))
+        .local_status(as_sender(LocalStatusRequest::default(), 2))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
@@ -204,7 +207,7 @@ async fn the_peer_port_admits_only_cluster_nodes_speaking_as_themselves() {
     }
     // The same certificate speaking as itself is a node of the cluster.
     let own = imposter_rpc
-        .local_status(as_sender(Empty {}, imposter_id))
+        .local_status(as_sender(LocalStatusRequest::default(), imposter_id))
         .await
         .expect("a node's own certificate is admitted");
     assert_eq!(own.get_ref().id, follower);

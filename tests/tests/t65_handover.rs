@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use kairos_client::pb::{self, cluster_client::ClusterClient};
 use kairos_client::{channel, Client};
-use kairos_proto::peer::{peer_client::PeerClient, ElectRequest, Empty as LocalEmpty};
+use kairos_proto::peer::{peer_client::PeerClient, ElectRequest, LocalStatusRequest};
 use kairos_tests::{
     create, every_job, fires_on_without_gap, kairosctl_bin, rejoined, start_ticking, wait_for,
     Cluster,
@@ -105,7 +105,11 @@ async fn follows(cluster: &Cluster, id: u64, leader: u64) {
         Duration::from_secs(30),
         || async {
             let mut peer = PeerClient::new(channel(&cluster.node(id).peer).ok()?);
-            let s = peer.local_status(LocalEmpty {}).await.ok()?.into_inner();
+            let s = peer
+                .local_status(LocalStatusRequest::default())
+                .await
+                .ok()?
+                .into_inner();
             (s.leader == leader).then_some(())
         },
     )
@@ -121,7 +125,11 @@ async fn stable_leader(cluster: &Cluster, ids: &[u64]) -> u64 {
             let mut seen = BTreeSet::new();
             for id in ids {
                 let mut peer = PeerClient::new(channel(&cluster.node(*id).peer).ok()?);
-                let s = peer.local_status(LocalEmpty {}).await.ok()?.into_inner();
+                let s = peer
+                    .local_status(LocalStatusRequest::default())
+                    .await
+                    .ok()?
+                    .into_inner();
                 seen.insert((s.leader, s.term));
             }
             let (leader, _) = *seen.first()?;

@@ -1,9 +1,10 @@
 //! The scenarios and what they share: the [`Target`] cluster (a local one
 //! started from `--bin`, or `--endpoints`), per-node CPU/RSS/disk readings
-//! of a local cluster, lateness reporting, and `smoke`, which runs all four
-//! scenarios with small settings under about two minutes.
+//! of a local cluster, lateness and writes-per-fire reporting, and `smoke`,
+//! which runs all five scenarios with small settings in about two and a half minutes.
 
 mod failover;
+mod overload;
 mod rolling;
 mod seed;
 mod throughput;
@@ -61,6 +62,26 @@ impl Target {
             .collect()
     }
 
+    /// Metric `name` of each running local node (from its /metrics).
+    pub async fn metric(&self, name: &str) -> Vec<(u64, f64)> {
+        let Some(c) = &self.local else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for id in 1..=c.size() {
+            let Ok(http) = c.http(id) else { continue };
+            if let Some(v) = crate::cluster::http_metric(&http, name).await {
+                out.push((id, v));
+            }
+        }
+        out
+    }
+
+    /// State keys written by apply so far, per local node.
+    pub async fn state_writes(&self) -> Vec<(u64, f64)> {
+        self.metric("kairos_state_writes_total").await
+    }
+
     /// On-disk bytes of each local node's data directory.
     pub fn disk(&self) -> Vec<(u64, u64)> {
         let Some(c) = &self.local else {
@@ -86,6 +107,20 @@ pub fn report_nodes(r: &mut Report, before: &[(u64, ProcSample)], after: &[(u64,
     }
     if after.is_empty() {
         r.note("no per-node CPU/RSS: not a local cluster");
+    }
+}
+
+/// `nodeN_writes_per_fire`: state keys each node wrote between two
+/// readings of [`Target::state_writes`], per fire delivered meanwhile.
+pub fn report_writes(r: &mut Report, before: &[(u64, f64)], after: &[(u64, f64)], fires: usize) {
+    for (id, b) in after {
+        if let Some((_, a)) = before.iter().find(|(i, _)| i == id) {
+            let per_fire = (b - a) / fires.max(1) as f64;
+            r.set(&format!("node{id}_writes_per_fire"), per_fire);
+        }
+    }
+    if after.is_empty() {
+        r.note("no writes per fire: not a local cluster, or a server without kairos_state_writes_total");
     }
 }
 
@@ -130,6 +165,7 @@ pub async fn run_one(o: &Opts) -> anyhow::Result<Report> {
         Scenario::Seed10k => seed::run(o).await,
         Scenario::Timers1m => timers::run(o).await,
         Scenario::Failover => failover::run(o).await,
+        Scenario::Overload => overload::run(o).await,
         Scenario::RollingRestart => rolling::run(o).await,
         Scenario::Smoke => anyhow::bail!("smoke runs the other scenarios"),
     }
@@ -156,12 +192,16 @@ fn smoke_opts(o: &Opts, s: Scenario) -> Opts {
             x.count = None;
             x.kills = 1;
         }
+        Scenario::Overload => {
+            x.duration = Some(Duration::from_secs(8));
+            x.rate = Some(1_000);
+        }
         Scenario::RollingRestart | Scenario::Smoke => {}
     }
     x
 }
 
-/// Runs all four scenarios with their smoke settings.
+/// Runs all five scenarios with their smoke settings.
 pub async fn smoke(o: &Opts) -> anyhow::Result<Vec<Report>> {
     let mut out = Vec::new();
     for s in [
@@ -169,6 +209,7 @@ pub async fn smoke(o: &Opts) -> anyhow::Result<Vec<Report>> {
         Scenario::Seed10k,
         Scenario::Timers1m,
         Scenario::Failover,
+        Scenario::Overload,
     ] {
         eprintln!("smoke: {s:?}");
         let start = std::time::Instant::now();

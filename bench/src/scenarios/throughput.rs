@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kairos_client::pb::{self, schedule::Kind};
 use kairos_client::Client;
 
-use super::{report_lateness, report_nodes, Target};
+use super::{report_lateness, report_nodes, report_writes, Target};
 use crate::load::{self, create_jobs, spec, wall_ms, Workers};
 use crate::stats::{summarize, Report};
 use crate::Opts;
@@ -43,10 +43,12 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let warm = (dur / 5).clamp(Duration::from_secs(1), Duration::from_secs(5));
     tokio::time::sleep(warm).await;
     eprintln!("throughput: measuring for {dur:?}");
+    let writes0 = t.state_writes().await;
     let (before, w0) = (t.samples(), wall_ms());
     let feeder = tokio::spawn(feed_oneshots(clients.clone(), oneshot_rate, dur, o.clients));
     tokio::time::sleep(dur).await;
     let (after, w1) = (t.samples(), wall_ms());
+    let writes1 = t.state_writes().await;
     let fed = feeder.await.unwrap_or_default();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let recs = workers.rec.snapshot();
@@ -56,6 +58,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     r.set("every_ms", every);
     r.set("jobs_created_per_s", cs.per_s());
     r.set("create_failures", cs.failed);
+    r.set("creates_refused_after_retries", cs.refused);
     r.set("oneshots_created", fed.0);
     r.set("oneshot_create_failures", fed.1);
     let offered = n_jobs as f64 * 1000.0 / every as f64 + fed.0 as f64 / dur.as_secs_f64();
@@ -70,6 +73,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     report_lateness(&mut r, &win);
     committed_sample(&mut r, &clients[0], n_jobs, every, (w0, w1)).await;
     report_nodes(&mut r, &before, &after);
+    report_writes(&mut r, &writes0, &writes1, win.len());
     if let Some(e) = cs.first_error {
         r.note(format!("job create error: {e}"));
     }
@@ -97,7 +101,7 @@ async fn feed_oneshots(
         let specs = ids.map(|i| spec(format!("tp-once-{i}"), GROUP, Kind::AtMs(at)));
         let st = create_jobs(&clients, specs, conc, Instant::now() + FEED_TICK * 10).await;
         done.0 += st.ok;
-        done.1 += st.failed + st.skipped;
+        done.1 += st.failed + st.refused + st.skipped;
     }
     done
 }

@@ -17,6 +17,14 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
         .expect("bincode encode of plain data")
 }
 
+/// The length of `encode(v)`, without building it.
+pub fn encoded_len<T: Serialize>(v: &T) -> usize {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    bincode::serde::encode_into_writer(v, &mut size, bincode::config::standard())
+        .expect("bincode encode of plain data");
+    size.bytes_written
+}
+
 /// Upper bound on what one decode may claim (and on a peer message's size):
 /// an AppendEntries of 64 entries of at most `limits::ENTRY_MAX_BYTES` each,
 /// with room to spare.
@@ -118,5 +126,6 @@ mod tests {
     fn values_round_trip_under_the_limit() {
         let v: Vec<String> = vec!["a".into(), "b".repeat(10_000)];
         assert_eq!(decode::<Vec<String>>(&encode(&v)).unwrap(), v);
+        assert_eq!(encoded_len(&v), encode(&v).len());
     }
 }

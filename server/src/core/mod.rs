@@ -21,4 +21,4 @@ pub mod view;
 pub use apply::{apply, Applied, Effect};
 pub use command::{Command, CommandError, FinishReport, Response, VersionedCommand};
 pub use types::*;
-pub use view::{MemView, Overlay, StateView, Write};
+pub use view::{Layered, MemView, Overlay, Pending, StateView, Write};

@@ -56,11 +56,14 @@ impl StateView for MemView {
     }
 }
 
+/// Net writes by key: `Some(value)` put, `None` deleted.
+pub type Pending = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
 /// Pending writes layered over a base view. Later writes to a key replace
 /// earlier ones, so the result is the net change.
 pub struct Overlay<'a, V: StateView + ?Sized> {
     base: &'a V,
-    pending: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    pending: Pending,
 }
 
 impl<'a, V: StateView + ?Sized> Overlay<'a, V> {
@@ -83,6 +86,11 @@ impl<'a, V: StateView + ?Sized> Overlay<'a, V> {
         self.pending.is_empty()
     }
 
+    /// The net change, by key.
+    pub fn into_pending(self) -> Pending {
+        self.pending
+    }
+
     pub fn into_writes(self) -> Vec<Write> {
         self.pending
             .into_iter()
@@ -98,6 +106,29 @@ impl<'a, V: StateView + ?Sized> Overlay<'a, V> {
 const PAGE_MIN: usize = 64;
 
 impl<V: StateView + ?Sized> StateView for Overlay<'_, V> {
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        Layered::new(&self.pending, self.base).get(key)
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+        Layered::new(&self.pending, self.base).range(start, end, limit)
+    }
+}
+
+/// A borrowed [`Pending`] read over a base view: what [`Overlay`] reads
+/// through, and how the store reads applied state not yet written to disk.
+pub struct Layered<'a, V: StateView + ?Sized> {
+    pending: &'a Pending,
+    base: &'a V,
+}
+
+impl<'a, V: StateView + ?Sized> Layered<'a, V> {
+    pub fn new(pending: &'a Pending, base: &'a V) -> Self {
+        Layered { pending, base }
+    }
+}
+
+impl<V: StateView + ?Sized> StateView for Layered<'_, V> {
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
         match self.pending.get(key) {
             Some(v) => v.clone(),

@@ -528,9 +528,9 @@ impl pb::cluster_server::Cluster for Api {
             let (id, addr) = (*id, addr.clone());
             async move {
                 let s = if id == node.id {
-                    Some(super::peer::local_status(&node).await)
+                    Some(super::peer::local_status(&node, true).await)
                 } else {
-                    node.peer_status(id, &addr).await
+                    node.peer_status(id, &addr, true).await
                 };
                 if let Some(s) = &s {
                     node.learn_api_addr(id, &s.api_addr);

@@ -1,5 +1,6 @@
 //! The one mapping from Kairos errors to gRPC statuses. A redirect carries
-//! the leader's address in the `x-kairos-leader` metadata.
+//! the leader's address in the `x-kairos-leader` metadata; a write refused
+//! by admission control carries its retry hint in `retry-after-ms`.
 
 use tonic::{Code, Status};
 
@@ -7,6 +8,7 @@ use crate::core::CommandError;
 use crate::node::ProposeError;
 
 pub const LEADER_HEADER: &str = "x-kairos-leader";
+pub use kairos_client::RETRY_AFTER_HEADER;
 
 pub fn command(e: CommandError) -> Status {
     let code = match &e {
@@ -48,7 +50,17 @@ pub fn propose(e: ProposeError) -> Status {
         ProposeError::Timeout => Status::deadline_exceeded(e.to_string()),
         ProposeError::Raft(m) => Status::unavailable(format!("raft: {m}")),
         ProposeError::Format(f) => Status::failed_precondition(f.to_string()),
+        ProposeError::Overloaded(o) => overloaded(&o),
     }
+}
+
+/// A write refused by admission control: `RESOURCE_EXHAUSTED`, with the
+/// hint in the message and in the `retry-after-ms` metadata.
+pub fn overloaded(o: &crate::admission::Overloaded) -> Status {
+    let mut s = Status::resource_exhausted(o.to_string());
+    s.metadata_mut()
+        .insert(RETRY_AFTER_HEADER, o.retry_after_ms.into());
+    s
 }
 
 pub fn membership(e: crate::membership::MembershipError) -> Status {

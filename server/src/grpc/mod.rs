@@ -131,7 +131,11 @@ pub fn route<T>(node: &Node, req: &Request<T>) -> Result<Option<Channel>, Status
 
 /// Cluster time to stamp into a write: waits up to `CALIBRATION_WAIT_MS`
 /// for a new leader's first quorum clock measurement, else `UNAVAILABLE`.
+/// Every client write asks for it first, so an overloaded leader refuses
+/// the write here, before waiting or working on it.
 pub async fn write_now_ms(node: &Node) -> Result<i64, Status> {
+    let (_, backlog) = node.apply_progress();
+    (node.admission.precheck(backlog, node.clock.mono_ms())).map_err(|o| error::overloaded(&o))?;
     node.clock
         .wait_calibrated_ms(crate::clock::CALIBRATION_WAIT_MS)
         .await
@@ -170,7 +174,11 @@ pub async fn read_barrier<T>(node: &Node, req: &Request<T>) -> Result<(), Status
         .map_err(|e| match e {
             openraft::error::RaftError::APIError(
                 openraft::error::CheckIsLeaderError::ForwardToLeader(f),
-            ) => error::not_leader(f.leader_id.zip(f.leader_node.map(|n| n.addr))),
+            ) => {
+                // The membership holds peer addresses: hint the public one.
+                let leader = f.leader_id.and_then(|id| Some((id, node.api_addr(id)?)));
+                error::not_leader(leader)
+            }
             other => Status::unavailable(format!("read index: {other}")),
         })
 }

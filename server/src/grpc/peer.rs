@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use kairos_proto::peer::{
-    peer_server::Peer, Blob, ClockProbeResponse, ElectRequest, Empty, LocalStatusResponse,
-    LogFormatsResponse,
+    peer_server::Peer, Blob, ClockProbeResponse, ElectRequest, Empty, LocalStatusRequest,
+    LocalStatusResponse, LogFormatsResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -106,10 +106,11 @@ impl Peer for PeerService {
 
     async fn local_status(
         &self,
-        req: Request<Empty>,
+        req: Request<LocalStatusRequest>,
     ) -> Result<Response<LocalStatusResponse>, Status> {
         self.sender(&req)?;
-        Ok(Response::new(local_status(&self.node).await))
+        let digest = !req.get_ref().skip_digest;
+        Ok(Response::new(local_status(&self.node, digest).await))
     }
 
     async fn clock_probe(
@@ -202,9 +203,16 @@ pub async fn ask_elect(
     }
 }
 
-pub async fn local_status(node: &Node) -> LocalStatusResponse {
+/// This node's status; with `digest`, a SHA-256 of its whole state (which
+/// takes the apply lock for as long as hashing takes: only for operators).
+pub async fn local_status(node: &Node, digest: bool) -> LocalStatusResponse {
     let m = node.raft.metrics().borrow().clone();
-    let (applied_index, state_digest) = node.sm.digest().await;
+    let (applied_index, state_digest) = if digest {
+        node.sm.digest().await
+    } else {
+        let applied = node.sm.last_applied().map_or(0, |l| l.index);
+        (applied, String::new())
+    };
     let role = match m.state {
         openraft::ServerState::Leader => "leader",
         openraft::ServerState::Follower => "follower",

@@ -1,11 +1,19 @@
-//! The replicated state machine on sled. Each batch of log entries is
-//! applied through the pure core and written in one atomic sled batch
-//! together with `last_applied` and the membership. Snapshots and digests
-//! are taken under the apply lock, so they are a point-in-time view at
-//! `last_applied`; snapshot files are streamed (`snapfile`), never held
-//! whole in memory.
+//! The replicated state machine on sled. Entries are applied through the
+//! pure core into memory: the net writes since the last flush (`Dirty`),
+//! read through by every query, so a key written and rewritten or deleted
+//! within one flush window reaches sled once or not at all. A flush writes
+//! them in one atomic sled batch together with the `last_applied` and the
+//! membership they reflect, every `flush_ms`, or sooner past
+//! [`FLUSH_KEYS`]/[`FLUSH_BYTES`]. The log is the durability: after a crash
+//! openraft applies the log again from the persisted `last_applied` (the
+//! log store keeps the committed index), and the log is only purged up to
+//! a snapshot, which is built from flushed state. Snapshots and digests
+//! are taken under the apply lock after a flush, so they are a
+//! point-in-time view at `last_applied`; snapshot files are streamed
+//! (`snapfile`), never held whole in memory.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
@@ -19,6 +27,7 @@ use super::StoreError;
 use crate::core::codec::FormatError;
 use crate::core::codec::{decode, encode};
 use crate::core::{self, keys, Effect, Job, Overlay, Response, Run, RunId, StateView, WheelKey};
+use crate::core::{Layered, Pending};
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -26,11 +35,31 @@ use crate::raft::{
 /// Effects of one applied batch, for the leader's tasks.
 pub type EffectBatch = Arc<Vec<Effect>>;
 
+/// A read of the applied state (memory over sled). Holds a read lock on
+/// the state held in memory: keep it for one query, not across an await.
+pub struct StateRead<'a> {
+    dirty: parking_lot::RwLockReadGuard<'a, Dirty>,
+    tree: TreeView<'a>,
+}
+
+impl StateView for StateRead<'_> {
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        Layered::new(&self.dirty.pending, &self.tree).get(key)
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+        Layered::new(&self.dirty.pending, &self.tree).range(start, end, limit)
+    }
+}
+
 pub struct Options {
     /// Capacity of the effect channel; a lagging leader task resyncs from state.
     pub effect_capacity: usize,
     /// Where apply times are observed.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Applied state is written to sled at least this often (0: after
+    /// every applied batch). See [`StateMachine::run_flusher`].
+    pub flush_ms: u64,
 }
 
 impl Default for Options {
@@ -38,7 +67,42 @@ impl Default for Options {
         Options {
             effect_capacity: 4096,
             metrics: Arc::default(),
+            flush_ms: FLUSH_MS_DEFAULT,
         }
+    }
+}
+
+/// Default of `--flush-ms`.
+pub const FLUSH_MS_DEFAULT: u64 = 100;
+/// Largest `--flush-ms`.
+pub const FLUSH_MS_MAX: u64 = 60_000;
+/// Applied keys held in memory after which apply flushes at once.
+pub const FLUSH_KEYS: usize = 16_384;
+/// Applied bytes (keys and values) held in memory after which apply flushes at once.
+pub const FLUSH_BYTES: usize = 32 << 20;
+
+/// Applied state not yet in sled: the net writes of the entries applied
+/// since the last flush, `last_applied` and the membership among them.
+#[derive(Default)]
+struct Dirty {
+    pending: Pending,
+    bytes: usize,
+}
+
+impl Dirty {
+    fn merge(&mut self, net: Pending) {
+        let size = |k: &[u8], v: &Option<Vec<u8>>| k.len() + v.as_ref().map_or(0, Vec::len);
+        for (k, v) in net {
+            self.bytes += size(&k, &v);
+            if let Some(old) = self.pending.get(&k) {
+                self.bytes -= size(&k, old);
+            }
+            self.pending.insert(k, v);
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.pending.len() >= FLUSH_KEYS || self.bytes >= FLUSH_BYTES
     }
 }
 
@@ -53,6 +117,11 @@ struct Inner {
     snapshot_path: PathBuf,
     apply_lock: Mutex<()>,
     effects: broadcast::Sender<EffectBatch>,
+    /// Applied and not yet flushed; written only under the apply lock.
+    dirty: parking_lot::RwLock<Dirty>,
+    flush_ms: u64,
+    /// State keys written to or deleted from sled since open (for benchmarks).
+    writes_total: std::sync::atomic::AtomicU64,
     metrics: Arc<crate::metrics::Metrics>,
     /// Why this node stopped applying (an entry or snapshot it does not
     /// read), for `LocalStatus`: Raft stops there, the process serves on.
@@ -92,6 +161,9 @@ impl StateMachine {
             snapshot_path,
             apply_lock: Mutex::new(()),
             effects,
+            dirty: Default::default(),
+            flush_ms: opts.flush_ms,
+            writes_total: Default::default(),
             metrics: opts.metrics,
             refusal: std::sync::Mutex::default(),
         };
@@ -115,8 +187,21 @@ impl StateMachine {
         self.inner.effects.subscribe()
     }
 
-    pub fn view(&self) -> TreeView<'_> {
-        TreeView(&self.inner.tree)
+    /// The applied state: what is held in memory over what is in sled.
+    pub fn view(&self) -> StateRead<'_> {
+        StateRead {
+            dirty: self.inner.dirty.read_recursive(),
+            tree: TreeView(&self.inner.tree),
+        }
+    }
+
+    /// The `last_applied` written to sled (behind [`last_applied`] by at
+    /// most one flush window).
+    ///
+    /// [`last_applied`]: Self::last_applied
+    pub fn persisted_applied(&self) -> Option<LogId> {
+        let raw = TreeView(&self.inner.tree).get(keys::META_LAST_APPLIED)?;
+        decode(&raw).ok()
     }
 
     fn meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Option<T> {
@@ -282,6 +367,9 @@ impl StateMachine {
     /// SHA-256 over the whole replicated state, taken under the apply lock.
     pub async fn digest(&self) -> (u64, String) {
         let _g = self.inner.apply_lock.lock().await;
+        if let Err(e) = self.flush_dirty() {
+            tracing::error!("flushing applied state: {e}");
+        }
         let mut h = Sha256::new();
         let res = self.inner.tree.for_each(&mut |k, v| {
             h.update((k.len() as u64).to_be_bytes());
@@ -297,57 +385,138 @@ impl StateMachine {
         (idx, hex)
     }
 
+    /// Applies `entries` in order into memory and returns their responses
+    /// and effects; flushes when the held state is past its bounds (or
+    /// always, with `flush_ms` 0). A batch holding an entry of a format this
+    /// binary cannot read is refused whole.
     fn apply_entries(
         &self,
         entries: Vec<Entry>,
     ) -> Result<(Vec<Response>, Vec<Effect>), StorageError> {
-        let base = TreeView(&self.inner.tree);
-        let mut overlay = Overlay::new(&base);
         let mut responses = Vec::with_capacity(entries.len());
         let mut effects = Vec::new();
-        let mut last = None;
         let mut crash = false;
-        for entry in entries {
-            last = Some(entry.log_id);
-            match entry.payload {
-                EntryPayload::Blank => responses.push(Response::Empty),
-                EntryPayload::Membership(m) => {
-                    crash |=
-                        m.get_joint_config().len() > 1 && crate::failpoint::on("crash-on-joint");
-                    let stored = StoredMembership::new(Some(entry.log_id), m);
-                    overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
-                    responses.push(Response::Empty);
-                }
-                EntryPayload::Normal(logged) => {
-                    let cmd = logged.command(entry.log_id.index).map_err(|e| {
-                        // Nothing of this batch is written: the node stops
-                        // applying here, and again at this entry after a restart.
-                        self.refuse(format!("refusing to apply: {e}"));
-                        StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
-                    })?;
-                    let applied = core::apply(&overlay, &cmd);
-                    for w in applied.writes {
-                        match w {
-                            core::Write::Put(k, v) => overlay.put(k, v),
-                            core::Write::Delete(k) => overlay.delete(k),
-                        }
+        let mut refused = None;
+        let net = {
+            let dirty = self.inner.dirty.read_recursive();
+            let tree = TreeView(&self.inner.tree);
+            let state = Layered::new(&dirty.pending, &tree);
+            let mut overlay = Overlay::new(&state);
+            let mut last = None;
+            for entry in entries {
+                match entry.payload {
+                    EntryPayload::Blank => responses.push(Response::Empty),
+                    EntryPayload::Membership(m) => {
+                        crash |= m.get_joint_config().len() > 1
+                            && crate::failpoint::on("crash-on-joint");
+                        let stored = StoredMembership::new(Some(entry.log_id), m);
+                        overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
+                        responses.push(Response::Empty);
                     }
-                    effects.extend(applied.effects);
-                    responses.push(applied.response);
+                    EntryPayload::Normal(logged) => match logged.command(entry.log_id.index) {
+                        Ok(cmd) => {
+                            let applied = core::apply(&overlay, &cmd);
+                            for w in applied.writes {
+                                match w {
+                                    core::Write::Put(k, v) => overlay.put(k, v),
+                                    core::Write::Delete(k) => overlay.delete(k),
+                                }
+                            }
+                            effects.extend(applied.effects);
+                            responses.push(applied.response);
+                        }
+                        Err(e) => {
+                            refused = Some((entry.log_id, e));
+                            break;
+                        }
+                    },
                 }
+                last = Some(entry.log_id);
             }
+            if let Some(last) = last {
+                overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
+            }
+            overlay.into_pending()
+        };
+        if let Some((log_id, e)) = refused {
+            // Nothing of this batch is applied: the node stops here, and
+            // meets the same batch again after a restart.
+            self.refuse(format!("refusing to apply: {e}"));
+            return Err(StorageIOError::apply(log_id, openraft::AnyError::new(&e)).into());
         }
-        if let Some(last) = last {
-            overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
+        let full = {
+            let mut dirty = self.inner.dirty.write();
+            dirty.merge(net);
+            dirty.full() || self.inner.flush_ms == 0
+        };
+        if full {
+            self.flush_dirty().map_err(sm_err)?;
         }
-        self.inner
-            .tree
-            .apply(&overlay.into_writes())
-            .map_err(sm_err)?;
         if crash {
             crash_now("applied a joint configuration");
         }
         Ok((responses, effects))
+    }
+
+    /// Writes the applied state held in memory to sled in one atomic batch,
+    /// with the `last_applied` it reflects. Callers hold the apply lock (so
+    /// nothing is applied meanwhile); readers see the same state throughout.
+    /// A sled batch holds sled's process-wide write lock, which the Raft
+    /// log's appends wait on: [`FLUSH_KEYS`] bounds how long.
+    fn flush_dirty(&self) -> Result<(), sled::Error> {
+        let written = {
+            let dirty = self.inner.dirty.read_recursive();
+            if dirty.pending.is_empty() {
+                return Ok(());
+            }
+            let mut batch = sled::Batch::default();
+            for (k, v) in &dirty.pending {
+                match v {
+                    Some(v) => batch.insert(k.as_slice(), v.as_slice()),
+                    None => batch.remove(k.as_slice()),
+                }
+            }
+            self.inner.tree.apply_batch(batch)?;
+            dirty.pending.len()
+        };
+        *self.inner.dirty.write() = Dirty::default();
+        (self.inner.writes_total).fetch_add(written as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Applied keys held in memory, not yet written to sled.
+    pub fn unflushed_keys(&self) -> usize {
+        self.inner.dirty.read_recursive().pending.len()
+    }
+
+    /// Flushes the applied state held in memory now (graceful shutdown).
+    pub async fn flush(&self) -> Result<(), StorageError> {
+        let _g = self.inner.apply_lock.lock().await;
+        let sm = self.clone();
+        tokio::task::spawn_blocking(move || sm.flush_dirty())
+            .await
+            .map_err(sm_err)?
+            .map_err(sm_err)
+    }
+
+    /// Flushes the applied state every `flush_ms` while there is any; runs
+    /// until the task is dropped.
+    pub async fn run_flusher(self) {
+        let every = std::time::Duration::from_millis(self.inner.flush_ms.max(1));
+        loop {
+            tokio::time::sleep(every).await;
+            if self.inner.dirty.read_recursive().pending.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.flush().await {
+                tracing::error!("flushing applied state: {e}");
+            }
+        }
+    }
+
+    /// State keys written or deleted by apply since this node started.
+    pub fn writes_total(&self) -> u64 {
+        self.inner.writes_total.load(Ordering::Relaxed)
     }
 }
 
@@ -368,7 +537,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let tmp = inner.snapshot_path.with_extension("tmp");
         let (writer, meta) = {
             let _g = inner.apply_lock.lock().await;
-            // State must be durable before the log behind it may be purged.
+            // State must be in sled, and durable, before the log behind it
+            // may be purged: the snapshot's index is then the persisted one.
+            let sm = self.clone();
+            blocking(move || sm.flush_dirty().map_err(std::io::Error::other)).await?;
             inner.db.flush_async().await.map_err(snap_err)?;
             let last = self.last_applied();
             let meta = SnapshotMeta {
@@ -569,8 +741,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let (responses, effects) = {
             let _g = self.inner.apply_lock.lock().await;
+            // A batch can take a while: off the async workers, so Raft
+            // messages and heartbeats on this node are not held up behind it.
+            let sm = self.clone();
             let start = std::time::Instant::now();
-            let applied = self.apply_entries(entries)?;
+            let applied = tokio::task::spawn_blocking(move || sm.apply_entries(entries))
+                .await
+                .map_err(sm_err)??;
             self.inner.metrics.applied(start.elapsed());
             applied
         };
@@ -633,6 +810,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return Err(snap_err(e));
         }
         let _g = self.inner.apply_lock.lock().await;
+        // The snapshot replaces the state, including what is held in memory.
+        *self.inner.dirty.write() = Dirty::default();
         let (tree, path) = (self.inner.tree.clone(), self.inner.snapshot_path.clone());
         blocking(move || install(&tree, &recv, &path)).await
     }
@@ -680,6 +859,118 @@ mod tests {
         super::super::open(dir, 8 << 20, Default::default())
             .unwrap()
             .1
+    }
+
+    fn open_flushing_every(dir: &Path, flush_ms: u64) -> StateMachine {
+        let opts = Options {
+            flush_ms,
+            ..Default::default()
+        };
+        super::super::open(dir, 8 << 20, opts).unwrap().1
+    }
+
+    /// A state machine that flushes only when asked (or past its bounds):
+    /// no flusher task runs in these tests.
+    fn open_windowed(dir: &Path) -> StateMachine {
+        open_flushing_every(dir, FLUSH_MS_MAX)
+    }
+
+    fn delete(i: u64, id: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+            payload: EntryPayload::Normal(
+                Command::DeleteJob {
+                    id: format!("job-{id}"),
+                    now_ms: 1_000_000,
+                }
+                .into(),
+            ),
+        }
+    }
+
+    #[tokio::test]
+    async fn applied_state_is_read_from_memory_until_a_flush_writes_it_with_its_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open_windowed(dir.path());
+        sm.apply((1..=3).map(create)).await.unwrap();
+        assert!(sm.get_job("job-2").is_some(), "queries see applied state");
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(3));
+        assert_eq!(sm.persisted_applied(), None, "nothing written yet");
+        assert_eq!(sm.writes_total(), 0);
+        sm.flush().await.unwrap();
+        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(3));
+        assert!(sm.writes_total() > 0);
+        assert!(sm.get_job("job-2").is_some());
+    }
+
+    #[tokio::test]
+    async fn keys_rewritten_within_a_window_reach_sled_once_and_the_state_is_the_same() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut every = open_flushing_every(a_dir.path(), 0);
+        let mut windowed = open_windowed(b_dir.path());
+        // Each job created and deleted again, one entry per apply call.
+        let entries = || {
+            (1..=20).map(|i| {
+                if i % 2 == 1 {
+                    create(i)
+                } else {
+                    delete(i, i - 1)
+                }
+            })
+        };
+        for e in entries() {
+            every.apply([e]).await.unwrap();
+        }
+        for e in entries() {
+            windowed.apply([e]).await.unwrap();
+        }
+        windowed.flush().await.unwrap();
+        assert_eq!(every.digest().await, windowed.digest().await);
+        // Meta keys rewritten by every entry, and the jobs created and
+        // deleted again, reach sled once or not at all (42 vs 81 writes).
+        assert!(
+            windowed.writes_total() * 3 < every.writes_total() * 2,
+            "windowed {} vs every batch {}",
+            windowed.writes_total(),
+            every.writes_total()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_crash_before_the_flush_is_made_good_by_applying_the_log_again() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut crashed = open_windowed(a_dir.path());
+        crashed.apply((1..=3).map(create)).await.unwrap();
+        crashed.flush().await.unwrap();
+        crashed.apply([create(4), delete(5, 2)]).await.unwrap();
+        drop(crashed); // what was applied after the flush is lost
+        let mut restarted = open_windowed(a_dir.path());
+        assert_eq!(restarted.last_applied().map(|l| l.index), Some(3));
+        assert!(restarted.get_job("job-2").is_some());
+        // openraft applies the log again from the persisted index.
+        restarted.apply([create(4), delete(5, 2)]).await.unwrap();
+        let mut reference = open(b_dir.path());
+        reference
+            .apply([create(1), create(2), create(3), create(4), delete(5, 2)])
+            .await
+            .unwrap();
+        assert_eq!(restarted.digest().await, reference.digest().await);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_built_from_flushed_state_so_purges_never_pass_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open_windowed(dir.path());
+        sm.apply((1..=5).map(create)).await.unwrap();
+        assert_eq!(sm.persisted_applied(), None);
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(5));
+        assert_eq!(sm.persisted_applied(), snap.meta.last_log_id);
     }
 
     /// A node with `jobs` applied and the snapshot it built.

@@ -110,7 +110,9 @@ mod tests {
     fn every_flag_has_a_key_and_flags_beat_the_file() {
         let f = file(
             "id = 3\nlisten = \"127.0.0.1:9070\"\npeers = [\"1=127.0.0.1:9170\", \"3=127.0.0.1:9173\"]\n\
-             insecure = true\nheartbeat_ms = 50\nelection_min_ms = 200\n",
+             insecure = true\nheartbeat_ms = 50\nelection_min_ms = 200\nadmit_max_commands = 7\n\
+             admit_max_kb = 64\nadmit_max_backlog = 9\nadmit_max_backlog_ms = 700\n\
+             admit_max_wait_ms = 250\n",
         );
         let a = with_file(f.path(), vec!["--heartbeat-ms".into(), "60".into()]).unwrap();
         assert_eq!(a.id, 3);
@@ -120,6 +122,16 @@ mod tests {
         assert_eq!(a.heartbeat_ms, 60, "the flag wins over the file");
         assert_eq!(a.election_min_ms, 200);
         assert_eq!(a.election_max_ms, 500, "the default when neither sets it");
+        assert_eq!(
+            (
+                a.admit_max_commands,
+                a.admit_max_kb,
+                a.admit_max_backlog,
+                a.admit_max_backlog_ms,
+                a.admit_max_wait_ms
+            ),
+            (7, 64, 9, 700, 250)
+        );
     }
 
     #[test]

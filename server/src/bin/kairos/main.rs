@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use kairos_server::admission::Bounds;
 use kairos_server::{run, Config};
 
 mod config;
@@ -196,6 +197,32 @@ pub struct ServeArgs {
     /// (1..100000); the rest wait on disk and are paged in as the queue drains.
     #[arg(long, default_value_t = kairos_server::leader::dispatch::QUEUE_MAX)]
     queue_max: usize,
+    /// Client writes the leader holds admitted and not yet answered
+    /// (1..65536); past it a write is refused with RESOURCE_EXHAUSTED and a
+    /// retry-after hint.
+    #[arg(long, env = "KAIROS_ADMIT_MAX_COMMANDS", default_value_t = Bounds::default().max_commands)]
+    admit_max_commands: usize,
+    /// The encoded size of those writes, in KiB (1..1048576).
+    #[arg(long, env = "KAIROS_ADMIT_MAX_KB", default_value_t = Bounds::default().max_bytes >> 10)]
+    admit_max_kb: usize,
+    /// Log entries the leader has appended but not applied (1..1000000);
+    /// past it client writes are refused.
+    #[arg(long, env = "KAIROS_ADMIT_MAX_BACKLOG", default_value_t = Bounds::default().max_backlog)]
+    admit_max_backlog: u64,
+    /// How long applying those entries may take at the leader's recent
+    /// apply rate (1..60000 ms); past it client writes are refused.
+    #[arg(long, env = "KAIROS_ADMIT_MAX_BACKLOG_MS", default_value_t = Bounds::default().max_backlog_ms)]
+    admit_max_backlog_ms: u64,
+    /// Longest an admitted write waits to be proposed (1..60000 ms); then
+    /// it is refused, unwritten.
+    #[arg(long, env = "KAIROS_ADMIT_MAX_WAIT_MS", default_value_t = Bounds::default().max_wait_ms)]
+    admit_max_wait_ms: u64,
+    /// Applied state is written to the store at least this often (0..60000
+    /// ms; 0 writes after every applied batch). The log is what makes it
+    /// durable: after a crash the node applies the log again from what was
+    /// written.
+    #[arg(long, env = "KAIROS_FLUSH_MS", default_value_t = kairos_server::store::sm::FLUSH_MS_DEFAULT)]
+    flush_ms: u64,
 }
 
 fn parse_peers(list: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -295,6 +322,14 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     config.election_max_ms = a.election_max_ms;
     config.join = a.join.clone();
     config.queue_max = a.queue_max;
+    config.flush_ms = a.flush_ms;
+    config.admission = Bounds {
+        max_commands: a.admit_max_commands,
+        max_bytes: a.admit_max_kb.saturating_mul(1024),
+        max_backlog: a.admit_max_backlog,
+        max_backlog_ms: a.admit_max_backlog_ms,
+        max_wait_ms: a.admit_max_wait_ms,
+    };
     if let Some(f) = &a.auth_token_file {
         let secret = std::fs::read_to_string(f)
             .with_context(|| format!("--auth-token-file {}", f.display()))?

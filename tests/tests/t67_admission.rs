@@ -1,0 +1,166 @@
+//! Admission control on a real 3-node cluster started with a tiny bound
+//! (`--admit-max-commands 2`): a flood of concurrent creates, straight to
+//! the leader and through a follower, gets some `RESOURCE_EXHAUSTED`
+//! answers carrying a `retry-after-ms` hint; every call is answered, a
+//! refused create wrote nothing, the leader keeps its term, and afterwards
+//! the refused creates succeed.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::future::join_all;
+use kairos_client::pb::{self, jobs_client::JobsClient};
+use kairos_client::RETRY_AFTER_HEADER;
+use kairos_server::admission::{RETRY_AFTER_MAX_MS, RETRY_AFTER_MIN_MS};
+use kairos_tests::{create, every_job, wait_for, Cluster};
+use tonic::Code;
+
+const FLOOD: usize = 300;
+/// Channels the flood is spread over (HTTP/2 connections).
+const CHANNELS: usize = 8;
+/// Refused creates sent again after the flood.
+const RETRIED: usize = 20;
+
+/// Every job id in the cluster (fewer than one page).
+async fn list_jobs(c: &kairos_client::Client) -> BTreeSet<String> {
+    let page = c
+        .jobs(|mut j| async move {
+            let req = pb::ListJobsRequest {
+                page_size: 1000,
+                ..Default::default()
+            };
+            j.list_jobs(req).await
+        })
+        .await
+        .expect("list jobs");
+    assert!(page.next_page_token.is_empty(), "more than one page");
+    page.jobs
+        .into_iter()
+        .map(|j| j.spec.unwrap_or_default().id)
+        .collect()
+}
+
+/// The leader's id and term, as the leader reports them.
+async fn leader_term(cluster: &Cluster) -> (u64, u64) {
+    let s = cluster.client().status().await.expect("status");
+    let l = s
+        .nodes
+        .iter()
+        .find(|n| n.role == "leader")
+        .expect("a leader");
+    (l.id, l.term)
+}
+
+/// `FLOOD` concurrent creates to `addr` without any retry; returns each
+/// job id with the raw answer.
+async fn flood(addr: &str, prefix: &str) -> Vec<(String, Result<(), tonic::Status>)> {
+    let channels: Vec<_> = (0..CHANNELS)
+        .map(|_| kairos_client::channel(addr).expect("channel"))
+        .collect();
+    let calls = (0..FLOOD).map(|i| {
+        let id = format!("{prefix}-{i}");
+        let mut jobs = JobsClient::new(channels[i % CHANNELS].clone());
+        let spec = every_job(&id, "adm", 60_000);
+        async move {
+            let req = pb::CreateJobRequest { spec: Some(spec) };
+            (id, jobs.create_job(req).await.map(drop))
+        }
+    });
+    join_all(calls).await
+}
+
+/// Every answer is a success or a refusal with a hint; returns the refused ids.
+fn refused_ids(answers: &[(String, Result<(), tonic::Status>)]) -> Vec<String> {
+    let mut refused = Vec::new();
+    for (id, r) in answers {
+        let Err(s) = r else { continue };
+        assert_eq!(s.code(), Code::ResourceExhausted, "{id}: {s:?}");
+        let hint: u64 = (s.metadata().get(RETRY_AFTER_HEADER))
+            .unwrap_or_else(|| panic!("{id}: refusal without {RETRY_AFTER_HEADER}: {s:?}"))
+            .to_str()
+            .expect("ascii hint")
+            .parse()
+            .expect("a number of ms");
+        assert!(
+            (RETRY_AFTER_MIN_MS..=RETRY_AFTER_MAX_MS).contains(&hint),
+            "{id}: hint {hint} ms"
+        );
+        assert!(s.message().contains("retry after"), "{id}: {}", s.message());
+        assert!(
+            s.message().contains("nothing was written"),
+            "{id}: {}",
+            s.message()
+        );
+        refused.push(id.clone());
+    }
+    refused
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_past_the_bound_is_refused_with_a_hint_and_nothing_else_changes() {
+    let cluster = Cluster::start(3, &["--admit-max-commands", "2"]);
+    let leader = cluster.wait_leader().await;
+    let before = leader_term(&cluster).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    // The follower forwards once it has learned the leader's public address.
+    let via_follower = cluster.client_of(follower);
+    wait_for(
+        "the follower to forward",
+        Duration::from_secs(30),
+        || async {
+            let req = pb::JobRef { id: "none".into() };
+            let got = via_follower
+                .jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.get_job(r).await }
+                })
+                .await;
+            (got.map(drop).unwrap_err().code() == Code::NotFound).then_some(())
+        },
+    )
+    .await;
+
+    let mut answers = flood(&cluster.node(leader).addr, "direct").await;
+    answers.extend(flood(&cluster.node(follower).addr, "forwarded").await);
+    assert_eq!(answers.len(), 2 * FLOOD, "every call is answered");
+    let refused = refused_ids(&answers);
+    let admitted = answers.len() - refused.len();
+    assert!(!refused.is_empty(), "no refusal past a bound of 2");
+    assert!(admitted > 0, "nothing admitted");
+    assert!(
+        refused.iter().any(|id| id.starts_with("forwarded")),
+        "a refusal forwarded from the leader keeps its code and hint"
+    );
+
+    // A refused create wrote nothing; an admitted one was written once.
+    let c = cluster.client();
+    let listed: BTreeSet<String> = list_jobs(&c).await;
+    let written: BTreeSet<String> = (answers.iter())
+        .filter(|(_, r)| r.is_ok())
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(listed, written, "the jobs are exactly the admitted creates");
+    let counted = cluster.metric(leader, "kairos_refused_writes_total");
+    assert!(counted >= Some(refused.len() as f64), "{counted:?}");
+
+    // No election, and writes are admitted again once the flood is over.
+    assert_eq!(
+        leader_term(&cluster).await,
+        before,
+        "leader or term changed"
+    );
+    for id in refused.iter().take(RETRIED) {
+        create(&c, every_job(id, "adm", 60_000))
+            .await
+            .unwrap_or_else(|e| panic!("{id} after the flood: {e:?}"));
+    }
+    assert_eq!(
+        list_jobs(&c).await.len(),
+        written.len() + RETRIED.min(refused.len())
+    );
+    assert_eq!(
+        leader_term(&cluster).await,
+        before,
+        "leader or term changed"
+    );
+}
