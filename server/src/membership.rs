@@ -165,7 +165,7 @@ pub async fn add_learner(
     let _serial = node.format_change.lock().await;
     let active = node.sm.log_format();
     if active > LOG_FORMAT_INITIAL {
-        match upgrade::member_reads(node, id, peer_addr).await {
+        match upgrade::joining_reads(node, id, peer_addr).await {
             Some(reads) if reads >= active => {}
             Some(reads) => {
                 return Err(refused(format!(
@@ -175,8 +175,9 @@ pub async fn add_learner(
             }
             None => {
                 return Err(refused(format!(
-                    "node {id} at {peer_addr} did not answer a status probe, so whether it reads \
-                     the cluster's active log format {active} is unknown; start it first"
+                    "node {id} at {peer_addr} did not answer within {:?}, so whether it reads \
+                     the cluster's active log format {active} is unknown; start it first",
+                    upgrade::JOIN_PROBE_WAIT
                 )))
             }
         }

@@ -57,6 +57,24 @@ pub(crate) async fn member_reads(node: &Node, id: NodeId, peer_addr: &str) -> Op
     }
 }
 
+/// How long adding a learner waits for it to say which formats it reads:
+/// it may have been started a moment ago.
+pub(crate) const JOIN_PROBE_WAIT: Duration = Duration::from_secs(10);
+
+/// The newest log format a node about to be added reads, asked until it
+/// answers (at most [`JOIN_PROBE_WAIT`]); `None` if it never did.
+pub(crate) async fn joining_reads(node: &Node, id: NodeId, peer_addr: &str) -> Option<u32> {
+    let ask = async {
+        loop {
+            if let Some(reads) = member_reads(node, id, peer_addr).await {
+                return reads;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(JOIN_PROBE_WAIT, ask).await.ok()
+}
+
 /// The newest format every member reads, or why it cannot be known now.
 async fn every_member_reads(node: &Node) -> Result<u32, String> {
     membership::settled(node).map_err(|e| e.to_string())?;
