@@ -626,3 +626,24 @@ pub async fn rejoined(cluster: &Cluster, id: u64, index: u64) {
     )
     .await;
 }
+
+/// `cluster add-learner ID PEER_ADDR` through client `c`.
+pub async fn add_learner(
+    c: &Client,
+    id: u64,
+    peer_addr: &str,
+) -> Result<pb::MembershipResponse, tonic::Status> {
+    let req = pb::AddLearnerRequest {
+        id,
+        peer_addr: peer_addr.into(),
+    };
+    c.call(|ch| {
+        let req = req.clone();
+        async move {
+            pb::cluster_client::ClusterClient::new(ch)
+                .add_learner(req)
+                .await
+        }
+    })
+    .await
+}

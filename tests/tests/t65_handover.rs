@@ -22,8 +22,8 @@ use kairos_client::pb::{self, cluster_client::ClusterClient};
 use kairos_client::{channel, Client};
 use kairos_proto::peer::{peer_client::PeerClient, ElectRequest, LocalStatusRequest};
 use kairos_tests::{
-    create, every_job, fires_on_without_gap, kairosctl_bin, rejoined, start_ticking, wait_for,
-    Cluster,
+    add_learner, create, every_job, fires_on_without_gap, kairosctl_bin, rejoined, start_ticking,
+    wait_for, Cluster,
 };
 use tonic::Code;
 
@@ -37,16 +37,6 @@ fn refused(r: Result<pb::TransferLeaderResponse, tonic::Status>, why: &str) {
     let e = r.expect_err(why);
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains(why), "expected {why:?}: {e:?}");
-}
-
-async fn add_learner(c: &Client, id: u64, peer_addr: String) {
-    let req = pb::AddLearnerRequest { id, peer_addr };
-    c.call(|ch| {
-        let req = req.clone();
-        async move { ClusterClient::new(ch).add_learner(req).await }
-    })
-    .await
-    .unwrap();
 }
 
 /// `kairosctl --output json ARGS` against the cluster; its stdout.
@@ -156,7 +146,7 @@ async fn transfer_to_a_named_voter_and_refusals() {
     refused(transfer(&c, target).await, "already the leader");
     refused(transfer(&c, 9).await, "not a member");
     let peer4 = cluster.add_joining_node(4);
-    add_learner(&c, 4, peer4).await;
+    add_learner(&c, 4, &peer4).await.unwrap();
     refused(transfer(&c, 4).await, "learner");
 
     // The peer call behind it: only from the followed leader, only to a
@@ -297,7 +287,7 @@ async fn transfer_is_refused_while_a_membership_change_is_in_progress() {
     leader_is(&cluster, doomed).await;
 
     let peer4 = cluster.add_joining_node(4);
-    add_learner(&c, 4, peer4).await;
+    add_learner(&c, 4, &peer4).await.unwrap();
     // Promoting 4 goes through a joint configuration, and its leader dies
     // there; the answer (lost, or refused by the next leader) does not matter.
     let _ = c

@@ -11,10 +11,10 @@
 
 use std::time::Duration;
 
-use kairos_client::pb::{self, cluster_client::ClusterClient};
 use kairos_server::core::command::{LOG_FORMAT, LOG_FORMAT_INITIAL};
 use kairos_tests::{
-    fires_on_without_gap, previous_release_bin, rejoined, start_ticking, wait_for, Cluster,
+    add_learner, fires_on_without_gap, previous_release_bin, rejoined, start_ticking, wait_for,
+    Cluster,
 };
 use tonic::Code;
 
@@ -60,24 +60,6 @@ async fn new_format_active(cluster: &Cluster, via: u64) {
         },
     )
     .await;
-}
-
-async fn add_learner(
-    cluster: &Cluster,
-    id: u64,
-    peer_addr: &str,
-) -> Result<pb::MembershipResponse, tonic::Status> {
-    let req = pb::AddLearnerRequest {
-        id,
-        peer_addr: peer_addr.into(),
-    };
-    cluster
-        .client()
-        .call(|ch| {
-            let req = req.clone();
-            async move { ClusterClient::new(ch).add_learner(req).await }
-        })
-        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +109,7 @@ async fn after_activation_the_previous_release_refuses_newer_entries_loudly() {
     cluster.terminate(4, Duration::from_secs(10));
     cluster.node_mut(4).bin = Some(old.clone());
     cluster.start_node(4);
-    let e = add_learner(&cluster, 4, &peer4)
+    let e = add_learner(&cluster.client(), 4, &peer4)
         .await
         .expect_err("a learner of the previous release is refused");
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
@@ -137,7 +119,7 @@ async fn after_activation_the_previous_release_refuses_newer_entries_loudly() {
     assert!(e.message().contains(&want), "{e:?}");
     // Nor a node that does not answer (nothing listens there now).
     cluster.terminate(4, Duration::from_secs(10));
-    let e = add_learner(&cluster, 5, &peer4)
+    let e = add_learner(&cluster.client(), 5, &peer4)
         .await
         .expect_err("a node that does not answer is refused");
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
