@@ -18,5 +18,6 @@ pub mod raft;
 pub mod runlog;
 pub mod store;
 pub mod tls;
+pub mod watch;
 
 pub use node::{run, Config};

@@ -39,6 +39,30 @@ pub enum Effect {
     /// An occurrence was due longer ago than its job's misfire grace and
     /// was handled by `policy`: the leader counts it.
     Misfired { group: String, policy: Misfire },
+    /// A job was created, changed, deleted, paused or resumed (for watchers;
+    /// `group` is the job's group after the change).
+    JobChanged {
+        job: String,
+        group: String,
+        change: JobChange,
+    },
+    /// An attempt was recorded as handed to `worker` (for watchers).
+    Assigned {
+        run: RunId,
+        attempt: u32,
+        group: String,
+        worker: String,
+    },
+}
+
+/// What happened to a job, as watchers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobChange {
+    Created,
+    Updated,
+    Deleted,
+    Paused,
+    Resumed,
 }
 
 /// A run's terminal state as apply decided it, with who ran its last attempt.
@@ -531,6 +555,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.set_next(&mut job, first);
         self.put(keys::job(&job.id), &job);
         self.record_revision(&job, job.revision, "create");
+        self.job_changed(&job, JobChange::Created);
         Ok(job)
     }
 
@@ -564,6 +589,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.put(keys::job(&job.id), &job);
         self.record_revision(&job, job.revision, "update");
+        self.job_changed(&job, JobChange::Updated);
         Ok(job)
     }
 
@@ -578,7 +604,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.o.delete(keys::job(id));
         self.record_revision(&job, job.revision.saturating_add(1), "delete");
+        self.job_changed(&job, JobChange::Deleted);
         Ok(true)
+    }
+
+    fn job_changed(&mut self, job: &Job, change: JobChange) {
+        self.effects.push(Effect::JobChanged {
+            job: job.id.clone(),
+            group: job.group.clone(),
+            change,
+        });
     }
 
     /// Appends to the job's revision history, keeping the newest
@@ -612,6 +647,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             job.updated_at_ms = self.now;
             self.put(keys::job(id), &job);
             self.record_revision(&job, job.revision, "pause");
+            self.job_changed(&job, JobChange::Paused);
         }
         Ok(job)
     }
@@ -627,6 +663,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             self.set_next(&mut job, first);
             self.put(keys::job(id), &job);
             self.record_revision(&job, job.revision, "resume");
+            self.job_changed(&job, JobChange::Resumed);
         }
         Ok(job)
     }
@@ -1087,6 +1124,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 run.state = RunState::Running;
                 run.worker = worker.clone();
                 self.put(keys::run(&run.id), &run);
+                self.effects.push(Effect::Assigned {
+                    run: run.id,
+                    attempt: run.attempt,
+                    group: run.group,
+                    worker: run.worker,
+                });
             }
         }
         Response::Empty

@@ -97,6 +97,17 @@ impl Api {
 
 #[tonic::async_trait]
 impl pb::jobs_server::Jobs for Api {
+    type WatchStream = super::watch::WatchStream;
+
+    /// Served here, never forwarded: every node holds the same events.
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        authorize(&self.node, &req, Need::Read)?;
+        super::watch::start(self.node.sm.watch(), req.into_inner()).map(Response::new)
+    }
+
     async fn create_job(
         &self,
         req: Request<pb::CreateJobRequest>,

@@ -27,12 +27,26 @@ use super::StoreError;
 use crate::core::codec::{decode, encode};
 use crate::core::{self, keys, Effect, Job, Overlay, Response, Run, RunId, StateView, WheelKey};
 use crate::core::{Layered, Pending};
+use crate::watch::{self, Hub};
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 
 /// Effects of one applied batch, for the leader's tasks.
 pub type EffectBatch = Arc<Vec<Effect>>;
+
+/// What applying a batch of entries produced.
+struct ApplyOut {
+    responses: Vec<Response>,
+    effects: Vec<Effect>,
+    /// Per entry, for the watch ring.
+    watched: Vec<watch::Applied>,
+}
+
+/// The entry after `applied` (0 before any).
+fn next_index(applied: Option<LogId>) -> u64 {
+    applied.map_or(0, |l| l.index + 1)
+}
 
 /// A read of the applied state (memory over sled). Holds a read lock on
 /// the state held in memory: keep it for one query, not across an await.
@@ -59,6 +73,8 @@ pub struct Options {
     /// Applied state is written to sled at least this often (0: after
     /// every applied batch). See [`StateMachine::run_flusher`].
     pub flush_ms: u64,
+    /// Events the watch ring holds (`--watch-events`).
+    pub watch_events: usize,
 }
 
 impl Default for Options {
@@ -67,6 +83,7 @@ impl Default for Options {
             effect_capacity: 4096,
             metrics: Arc::default(),
             flush_ms: FLUSH_MS_DEFAULT,
+            watch_events: crate::watch::RING_EVENTS_DEFAULT,
         }
     }
 }
@@ -125,6 +142,8 @@ struct Inner {
     /// Entries in the durable wheel index: counted once at open and after
     /// a snapshot install, then kept in step by each applied batch.
     pending_timers: AtomicU64,
+    /// Watch events of the entries applied since open (not replicated).
+    watch: Arc<Hub>,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -155,6 +174,11 @@ impl StateMachine {
         }
         let (effects, _) = broadcast::channel(opts.effect_capacity);
         let pending_timers = AtomicU64::new(count_wheel(&tree));
+        // Entries up to what sled holds were applied by an earlier process:
+        // their events are gone.
+        let persisted: Option<LogId> = KvTree::get(&tree, keys::META_LAST_APPLIED)?
+            .and_then(|raw| decode(&raw).ok());
+        let watch = Arc::new(Hub::new(opts.watch_events, next_index(persisted)));
         let inner = Inner {
             db,
             tree,
@@ -166,6 +190,7 @@ impl StateMachine {
             writes_total: Default::default(),
             metrics: opts.metrics,
             pending_timers,
+            watch,
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -190,6 +215,11 @@ impl StateMachine {
 
     pub fn subscribe(&self) -> broadcast::Receiver<EffectBatch> {
         self.inner.effects.subscribe()
+    }
+
+    /// The watch ring of this node.
+    pub fn watch(&self) -> &Arc<Hub> {
+        &self.inner.watch
     }
 
     /// The applied state: what is held in memory over what is in sled.
@@ -380,12 +410,10 @@ impl StateMachine {
     /// and effects; flushes when the held state is past its bounds (or
     /// always, with `flush_ms` 0). A batch holding an entry of a format this
     /// binary cannot read is refused whole.
-    fn apply_entries(
-        &self,
-        entries: Vec<Entry>,
-    ) -> Result<(Vec<Response>, Vec<Effect>), StorageError> {
+    fn apply_entries(&self, entries: Vec<Entry>) -> Result<ApplyOut, StorageError> {
         let mut responses = Vec::with_capacity(entries.len());
         let mut effects = Vec::new();
+        let mut watched = Vec::with_capacity(entries.len());
         let mut crash = false;
         let mut refused = None;
         let net = {
@@ -396,11 +424,15 @@ impl StateMachine {
             let mut last = None;
             for entry in entries {
                 match entry.payload {
-                    EntryPayload::Blank => responses.push(Response::Empty),
+                    EntryPayload::Blank => {
+                        watched.push(watch::Applied::new(entry.log_id.index, &[]));
+                        responses.push(Response::Empty)
+                    }
                     EntryPayload::Membership(m) => {
                         crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
                         let stored = StoredMembership::new(Some(entry.log_id), m);
                         overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
+                        watched.push(watch::Applied::new(entry.log_id.index, &[]));
                         responses.push(Response::Empty);
                     }
                     EntryPayload::Normal(logged) => match logged.command(entry.log_id.index) {
@@ -412,6 +444,7 @@ impl StateMachine {
                                     core::Write::Delete(k) => overlay.delete(k),
                                 }
                             }
+                            watched.push(watch::Applied::new(entry.log_id.index, &applied.effects));
                             effects.extend(applied.effects);
                             responses.push(applied.response);
                         }
@@ -449,7 +482,11 @@ impl StateMachine {
         if crash {
             crash_now("applied a joint configuration");
         }
-        Ok((responses, effects))
+        Ok(ApplyOut {
+            responses,
+            effects,
+            watched,
+        })
     }
 
     /// Writes the applied state held in memory to sled in one atomic batch,
@@ -773,11 +810,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // messages and heartbeats on this node are not held up behind it.
             let sm = self.clone();
             let start = std::time::Instant::now();
-            let applied = tokio::task::spawn_blocking(move || sm.apply_entries(entries))
+            let out = tokio::task::spawn_blocking(move || sm.apply_entries(entries))
                 .await
                 .map_err(sm_err)??;
             self.inner.metrics.applied(start.elapsed());
-            applied
+            // Under the apply lock: a snapshot install cannot come between.
+            self.inner.watch.push(out.watched);
+            (out.responses, out.effects)
         };
         if !effects.is_empty() {
             // No receiver (not leader) is fine: followers have no leader work.
@@ -841,6 +880,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })
         .await?;
         self.inner.pending_timers.store(count, Ordering::Relaxed);
+        // The state jumped: the ring starts after the snapshot.
+        self.inner.watch.reset(next_index(meta.last_log_id));
         Ok(())
     }
 
