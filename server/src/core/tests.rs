@@ -82,6 +82,14 @@ fn finished(run: &RunId, attempt: u32, worker: &str, outcome: RunState) -> Effec
     })
 }
 
+fn job_changed(job: &str, change: JobChange) -> Effect {
+    Effect::JobChanged {
+        job: job.into(),
+        group: "g".into(),
+        change,
+    }
+}
+
 fn misfired(policy: Misfire) -> Effect {
     Effect::Misfired {
         group: "g".into(),
@@ -262,7 +270,11 @@ fn create_every_schedules_exactly_one_occurrence_at_now_plus_every() {
     let mut sim = Sim::default();
     let a = sim.create(every("a", 1000), T0);
 
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 1000))]);
+    let created = job_changed("a", JobChange::Created);
+    assert_eq!(
+        a.effects,
+        vec![Effect::Scheduled(occ("a", T0 + 1000)), created]
+    );
     assert_eq!(sim.wheel(), vec![occ("a", T0 + 1000)]);
     assert_eq!(sim.job("a").next_fire_at_ms, Some(T0 + 1000));
     assert_eq!(a.response, Response::Job(sim.job("a")));
@@ -320,6 +332,68 @@ fn duplicate_fire_of_the_same_key_creates_the_run_once() {
     assert_eq!(sim.runs_of("a").len(), 1);
     assert_eq!(sim.job("a").active_runs, 1);
     assert_eq!(sim.occurrences("a"), vec![T0 + 2000]);
+}
+
+// ------------------------------------------------------------------ watch effects
+
+#[test]
+fn each_job_change_is_an_effect_and_a_repeated_pause_or_resume_is_none() {
+    let mut sim = sim_with(every("a", 1000));
+    let job_effects = |a: &Applied| -> Vec<Effect> {
+        let watched = |e: &&Effect| matches!(e, Effect::JobChanged { .. });
+        a.effects.iter().filter(watched).cloned().collect()
+    };
+    let at = T0 + 10;
+    let pause = || Command::PauseJob {
+        id: "a".into(),
+        now_ms: at,
+    };
+    let resume = || Command::ResumeJob {
+        id: "a".into(),
+        now_ms: at,
+    };
+    let cases = [
+        (update(every("a", 700), 0, at), Some(JobChange::Updated)),
+        (pause(), Some(JobChange::Paused)),
+        (pause(), None),
+        (resume(), Some(JobChange::Resumed)),
+        (resume(), None),
+    ];
+    for (cmd, want) in cases {
+        let a = sim.exec(cmd.clone());
+        let want: Vec<_> = want.map(|c| job_changed("a", c)).into_iter().collect();
+        assert_eq!(job_effects(&a), want, "{cmd:?}");
+    }
+    let a = sim.exec(Command::DeleteJob {
+        id: "a".into(),
+        now_ms: at,
+    });
+    assert_eq!(job_effects(&a), vec![job_changed("a", JobChange::Deleted)]);
+    let again = sim.exec(Command::DeleteJob {
+        id: "a".into(),
+        now_ms: at,
+    });
+    assert_nothing_done(&again);
+}
+
+#[test]
+fn an_assignment_of_the_current_attempt_is_an_effect_and_a_stale_one_is_not() {
+    let mut sim = sim_with(every("a", 1000));
+    sim.fire_due(T0 + 1000);
+    let run = rid("a", T0 + 1000);
+    let assign = |attempt| Command::Assign {
+        now_ms: T0 + 1001,
+        assignments: vec![(run.clone(), attempt, "w1".to_string())],
+    };
+    let a = sim.exec(assign(1));
+    let assigned = Effect::Assigned {
+        run: run.clone(),
+        attempt: 1,
+        group: "g".into(),
+        worker: "w1".into(),
+    };
+    assert_eq!(a.effects, vec![assigned]);
+    assert_eq!(sim.exec(assign(2)).effects, vec![]);
 }
 
 #[test]
