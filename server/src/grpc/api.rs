@@ -105,7 +105,7 @@ impl pb::jobs_server::Jobs for Api {
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         authorize(&self.node, &req, Need::Read)?;
-        super::watch::start(self.node.sm.watch(), req.into_inner()).map(Response::new)
+        super::watch::start(self.node.sm.watch(), req.into_inner())
     }
 
     async fn create_job(

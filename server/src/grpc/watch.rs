@@ -8,20 +8,19 @@ use std::sync::Arc;
 
 use kairos_proto::v1 as pb;
 use tokio::sync::mpsc;
-use tonic::Status;
+use tonic::{Response, Status};
 
 use super::convert::watch_event_out;
 use super::error;
 use crate::core::{limits, validate};
 use crate::watch::{Compacted, Filter, Hub, Position, WatcherSlot, FILTER_MAX, WATCHER_BUFFER_EVENTS};
 
-/// Metadata of the compacted error: the oldest index the node holds.
-pub const OLDEST_INDEX_HEADER: &str = "x-kairos-oldest-index";
+use kairos_client::{OLDEST_INDEX_HEADER, WATCH_FROM_INDEX_HEADER};
 
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WatchEvent, Status>>;
 
 /// Checks the request, takes a watcher slot and starts the stream's task.
-pub fn start(hub: &Arc<Hub>, req: pb::WatchRequest) -> Result<WatchStream, Status> {
+pub fn start(hub: &Arc<Hub>, req: pb::WatchRequest) -> Result<Response<WatchStream>, Status> {
     let filter = filter_in(req.jobs, req.groups)?;
     if hub.is_closed() {
         return Err(Status::unavailable("watch: this node is stopping; watch another node"));
@@ -40,7 +39,10 @@ pub fn start(hub: &Arc<Hub>, req: pb::WatchRequest) -> Result<WatchStream, Statu
     hub.read(from, &filter, 0).map_err(compacted)?;
     let (tx, rx) = mpsc::channel(WATCHER_BUFFER_EVENTS);
     tokio::spawn(pump(hub.clone(), slot, from, filter, tx));
-    Ok(WatchStream::new(rx))
+    let mut res = Response::new(WatchStream::new(rx));
+    let index = from.index.to_string().parse().expect("digits");
+    res.metadata_mut().insert(WATCH_FROM_INDEX_HEADER, index);
+    Ok(res)
 }
 
 fn filter_in(jobs: Vec<String>, groups: Vec<String>) -> Result<Filter, Status> {

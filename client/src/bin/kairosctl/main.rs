@@ -2,6 +2,7 @@
 //! Human tables by default, `--output json` for scripts.
 
 mod exec;
+mod watch;
 
 use std::time::Duration;
 
@@ -66,6 +67,9 @@ enum Cmd {
     /// Schedules without a job.
     #[command(subcommand)]
     Schedule(ScheduleCmd),
+    /// Follow job changes and run transitions as they are applied (resumes
+    /// on the next endpoint if the node goes away).
+    Watch(watch::WatchArgs),
     /// Run a ready worker for a group. WARNING: it EXECUTES whatever the jobs
     /// of that group send it (`--exec shell` runs the payload with `sh -c`).
     Worker(exec::WorkerArgs),
@@ -1139,6 +1143,7 @@ async fn main() {
             next_fires(&client, cli.output, req).await
         }
         Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
+        Cmd::Watch(w) => watch::run(&client, cli.output == Output::Json, w).await,
     };
     if let Err(e) = res {
         match e.downcast_ref::<tonic::Status>() {
