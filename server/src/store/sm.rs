@@ -1042,6 +1042,41 @@ mod tests {
         assert_eq!(sm.persisted_applied(), snap.meta.last_log_id);
     }
 
+    /// The (index, seq, job) of every event `sm` holds from `from` on.
+    fn watched(sm: &StateMachine, from: u64) -> Result<Vec<(u64, u32, String)>, u64> {
+        let at = watch::Position {
+            index: from,
+            seq: 0,
+        };
+        let read = sm.watch().read(at, &Default::default(), usize::MAX);
+        let events = read.map_err(|c| c.oldest)?.events;
+        Ok(events.into_iter().map(|e| (e.at.index, e.at.seq, e.job)).collect())
+    }
+
+    #[tokio::test]
+    async fn watch_events_carry_their_entry_index_and_a_restart_or_install_compacts_the_ring() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(a_dir.path());
+        sm.apply((1..=2).map(create)).await.unwrap();
+        sm.flush().await.unwrap();
+        sm.apply([delete(3, 1)]).await.unwrap();
+        let want = |i: u64, id: u64| (i, 0, format!("job-{id}"));
+        assert_eq!(watched(&sm, 0), Ok(vec![want(1, 1), want(2, 2), want(3, 1)]));
+        assert_eq!(watched(&sm, 3), Ok(vec![want(3, 1)]));
+        drop(sm);
+        // Entries up to the flushed index were applied by the old process.
+        let mut restarted = open_windowed(a_dir.path());
+        assert_eq!(watched(&restarted, 2), Err(3));
+        restarted.apply([delete(3, 1)]).await.unwrap();
+        assert_eq!(watched(&restarted, 3), Ok(vec![want(3, 1)]));
+
+        let (_, snap) = node_with_snapshot(b_dir.path(), 5).await;
+        let meta = snap.meta.clone();
+        let rx = receive(&mut restarted, snap).await;
+        restarted.install_snapshot(&meta, rx).await.unwrap();
+        assert_eq!(watched(&restarted, 3), Err(6), "the ring starts after the snapshot");
+    }
+
     /// A node with `jobs` applied and the snapshot it built.
     async fn node_with_snapshot(dir: &Path, jobs: u64) -> (StateMachine, Snapshot) {
         let mut sm = open(dir);
