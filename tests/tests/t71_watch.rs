@@ -311,9 +311,15 @@ async fn compacted_positions_are_refused_naming_the_oldest_and_a_watcher_that_do
     let oldest: u64 = e.metadata().get(OLDEST_INDEX_HEADER).unwrap().to_str().unwrap().parse().unwrap();
     assert!(oldest > 0 && e.message().contains(&format!("from log index {oldest} on")), "{e:?}");
     let from_oldest = Watcher::start(&c, &n2, request(Some((oldest, 0)), &[], &[])).await;
+    assert_eq!(cluster.metric(2, "kairos_watch_oldest_index"), Some(oldest as f64));
     let last = format!("wide{}", JOBS - 1);
     let held = from_oldest.until("the held events", |e| e.iter().any(|e| e.job == last)).await;
     assert!(held[0].index >= oldest && held.len() <= 128, "{} events from {}", held.len(), held[0].index);
+    // The slow stream and the refused calls gave their slots back.
+    wait_for("2 watchers on node 2", WAIT, || async {
+        (cluster.metric(2, "kairos_watchers") == Some(2.0)).then_some(())
+    })
+    .await;
     let out = Command::new(kairosctl_bin())
         .args(["--endpoints", &n2, "watch", "--from-index", "0"])
         .output()
