@@ -55,7 +55,10 @@ pub enum Change {
     Job(JobChange),
     /// An attempt became ready for a worker: the occurrence's first attempt
     /// (fired or triggered), or a retry.
-    Fired { run: RunId, attempt: u32 },
+    Fired {
+        run: RunId,
+        attempt: u32,
+    },
     Assigned {
         run: RunId,
         attempt: u32,
@@ -322,9 +325,11 @@ impl Hub {
 
     /// A slot for one more watch stream, or `None` at `WATCHERS_MAX`.
     pub fn admit(self: &Arc<Self>) -> Option<WatcherSlot> {
-        let taken = self.watchers.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < WATCHERS_MAX).then_some(n + 1)
-        });
+        let taken = self
+            .watchers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < WATCHERS_MAX).then_some(n + 1)
+            });
         taken.ok().map(|_| WatcherSlot(self.clone()))
     }
 
@@ -395,7 +400,10 @@ mod tests {
         ];
         let events = events_of(7, &effects);
         assert_eq!(events.len(), 2);
-        assert_eq!((events[0].at, &events[0].change), (at(7, 0), &Change::Job(JobChange::Paused)));
+        assert_eq!(
+            (events[0].at, &events[0].change),
+            (at(7, 0), &Change::Job(JobChange::Paused))
+        );
         let assigned = Change::Assigned {
             run,
             attempt: 1,
@@ -428,7 +436,10 @@ mod tests {
     fn a_full_ring_drops_whole_entries_and_older_positions_are_compacted() {
         let ring = ring_with(4, &[(1, 2), (2, 2), (3, 1)]);
         assert_eq!(ring.first(), 2, "entry 1 went whole");
-        assert_eq!(ring.read(at(1, 1), &Filter::default(), 10), Err(Compacted { oldest: 2 }));
+        assert_eq!(
+            ring.read(at(1, 1), &Filter::default(), 10),
+            Err(Compacted { oldest: 2 })
+        );
         let r = ring.read(at(2, 0), &Filter::default(), 10).unwrap();
         assert_eq!(positions(&r), vec![(2, 0), (2, 1), (3, 0)]);
     }
@@ -437,21 +448,33 @@ mod tests {
     fn an_entry_larger_than_the_ring_leaves_it_empty_from_the_next_entry() {
         let ring = ring_with(2, &[(1, 1), (2, 3)]);
         assert_eq!((ring.first(), ring.next()), (3, 3));
-        assert_eq!(ring.read(at(2, 0), &Filter::default(), 10), Err(Compacted { oldest: 3 }));
+        assert_eq!(
+            ring.read(at(2, 0), &Filter::default(), 10),
+            Err(Compacted { oldest: 3 })
+        );
     }
 
     #[test]
     fn a_reset_compacts_everything_before_it() {
         let mut ring = ring_with(100, &[(1, 2)]);
         ring.reset(50);
-        assert_eq!(ring.read(at(2, 0), &Filter::default(), 10), Err(Compacted { oldest: 50 }));
-        assert_eq!(ring.read(at(50, 0), &Filter::default(), 10).unwrap().events, vec![]);
+        assert_eq!(
+            ring.read(at(2, 0), &Filter::default(), 10),
+            Err(Compacted { oldest: 50 })
+        );
+        assert_eq!(
+            ring.read(at(50, 0), &Filter::default(), 10).unwrap().events,
+            vec![]
+        );
     }
 
     #[test]
     fn filters_select_by_job_and_group_and_the_cursor_passes_what_they_skip() {
         let mut ring = Ring::new(100, 1);
-        ring.push(1, vec![job_event(1, 0, "a", "g1"), job_event(1, 1, "b", "g2")]);
+        ring.push(
+            1,
+            vec![job_event(1, 0, "a", "g1"), job_event(1, 1, "b", "g2")],
+        );
         ring.push(2, vec![job_event(2, 0, "c", "g1")]);
         let by_job = Filter {
             jobs: vec!["b".into()],

@@ -44,7 +44,11 @@ fn request(from: Option<(u64, u32)>, jobs: &[&str], groups: &[&str]) -> pb::Watc
     }
 }
 
-async fn open(c: &Client, addr: &str, req: pb::WatchRequest) -> Result<tonic::Streaming<pb::WatchEvent>, tonic::Status> {
+async fn open(
+    c: &Client,
+    addr: &str,
+    req: pb::WatchRequest,
+) -> Result<tonic::Streaming<pb::WatchEvent>, tonic::Status> {
     let mut jobs = pb::jobs_client::JobsClient::new(c.channel_to(addr)?);
     Ok(jobs.watch(req).await?.into_inner())
 }
@@ -73,7 +77,11 @@ impl Watcher {
     }
 
     /// Waits until the events satisfy `done`; returns them.
-    async fn until(&self, what: &str, done: impl Fn(&[pb::WatchEvent]) -> bool) -> Vec<pb::WatchEvent> {
+    async fn until(
+        &self,
+        what: &str,
+        done: impl Fn(&[pb::WatchEvent]) -> bool,
+    ) -> Vec<pb::WatchEvent> {
         wait_for(what, WAIT, || async {
             let ev = self.events();
             done(&ev).then_some(ev)
@@ -82,7 +90,10 @@ impl Watcher {
     }
 
     async fn ended(&self) -> Option<tonic::Status> {
-        wait_for("the stream to end", WAIT, || async { self.end.lock().unwrap().clone() }).await
+        wait_for("the stream to end", WAIT, || async {
+            self.end.lock().unwrap().clone()
+        })
+        .await
     }
 
     fn stop(self) -> Vec<pb::WatchEvent> {
@@ -92,7 +103,10 @@ impl Watcher {
 }
 
 fn kinds(events: &[pb::WatchEvent]) -> Vec<K> {
-    events.iter().map(|e| K::try_from(e.kind).unwrap()).collect()
+    events
+        .iter()
+        .map(|e| K::try_from(e.kind).unwrap())
+        .collect()
 }
 
 fn count(events: &[pb::WatchEvent], kind: K) -> usize {
@@ -143,9 +157,13 @@ async fn job_call(c: &Client, id: &str, what: &str) {
 }
 
 fn succeeding_worker(endpoints: Vec<String>, group: &str) -> tokio::task::JoinHandle<()> {
-    let w = Worker::connect(endpoints, group).capacity(8).id(&format!("w-{group}"));
+    let w = Worker::connect(endpoints, group)
+        .capacity(8)
+        .id(&format!("w-{group}"));
     tokio::spawn(async move {
-        let _ = w.run(|_t: Task| async { Outcome::Success(Vec::new()) }).await;
+        let _ = w
+            .run(|_t: Task| async { Outcome::Success(Vec::new()) })
+            .await;
     })
 }
 
@@ -154,7 +172,11 @@ async fn a_jobs_story_in_log_order_filtered_and_resumed_on_another_node_without_
     let cluster = Cluster::start(3, &[]);
     cluster.wait_leader().await;
     let c = cluster.client();
-    let (n1, n2, n3) = (cluster.node(1).addr.clone(), cluster.node(2).addr.clone(), cluster.node(3).addr.clone());
+    let (n1, n2, n3) = (
+        cluster.node(1).addr.clone(),
+        cluster.node(2).addr.clone(),
+        cluster.node(3).addr.clone(),
+    );
     let all = Watcher::start(&c, &n1, request(Some((0, 0)), &[], &[])).await;
     let of_j = Watcher::start(&c, &n2, request(Some((0, 0)), &["j"], &[])).await;
     let of_g2 = Watcher::start(&c, &n3, request(Some((0, 0)), &[], &["g2"])).await;
@@ -162,42 +184,86 @@ async fn a_jobs_story_in_log_order_filtered_and_resumed_on_another_node_without_
     let _worker = succeeding_worker(cluster.endpoints(), "g1");
 
     create(&c, once_job("j", "g1")).await.unwrap();
-    create(&c, every_job("other", "g2", 3_600_000)).await.unwrap();
-    of_j.until("j's run to finish", |e| count(e, K::RunFinished) == 1).await;
+    create(&c, every_job("other", "g2", 3_600_000))
+        .await
+        .unwrap();
+    of_j.until("j's run to finish", |e| count(e, K::RunFinished) == 1)
+        .await;
     for call in ["pause", "resume", "delete"] {
         job_call(&c, "j", call).await;
     }
-    let story = of_j.until("j's deletion", |e| count(e, K::JobDeleted) == 1).await;
+    let story = of_j
+        .until("j's deletion", |e| count(e, K::JobDeleted) == 1)
+        .await;
     assert_eq!(
         kinds(&story),
-        vec![K::JobCreated, K::RunFired, K::RunAssigned, K::RunFinished, K::JobPaused, K::JobResumed, K::JobDeleted]
+        vec![
+            K::JobCreated,
+            K::RunFired,
+            K::RunAssigned,
+            K::RunFinished,
+            K::JobPaused,
+            K::JobResumed,
+            K::JobDeleted
+        ]
     );
     assert_in_log_order(&story);
     let finished = &story[3];
-    assert_eq!((finished.outcome, finished.worker.as_str()), (pb::RunState::Succeeded as i32, "w-g1"));
+    assert_eq!(
+        (finished.outcome, finished.worker.as_str()),
+        (pb::RunState::Succeeded as i32, "w-g1")
+    );
     assert!(story.iter().all(|e| e.job == "j" && e.group == "g1"));
     let by_group = of_g2.until("other's creation", |e| !e.is_empty()).await;
     assert_eq!(
         by_group.iter().map(seen).collect::<Vec<_>>(),
-        vec![(by_group[0].index, 0, K::JobCreated as i32, "other".into(), String::new())]
+        vec![(
+            by_group[0].index,
+            0,
+            K::JobCreated as i32,
+            "other".into(),
+            String::new()
+        )]
     );
 
     // Dropped on node 2 after j's deletion, changes made meanwhile, resumed on node 3.
-    moving.until("j's deletion on node 2", |e| count(e, K::JobDeleted) == 1).await;
+    moving
+        .until("j's deletion on node 2", |e| count(e, K::JobDeleted) == 1)
+        .await;
     let before = moving.stop();
     for id in ["k1", "k2", "k3"] {
         create(&c, every_job(id, "g3", 3_600_000)).await.unwrap();
     }
     let resumed = Watcher::start(&c, &n3, request(after(before.last().unwrap()), &[], &[])).await;
-    let rest = resumed.until("k3's creation on node 3", |e| e.iter().any(|e| e.job == "k3")).await;
+    let rest = resumed
+        .until("k3's creation on node 3", |e| {
+            e.iter().any(|e| e.job == "k3")
+        })
+        .await;
     let joined: Vec<Seen> = before.iter().chain(&rest).map(seen).collect();
-    let reference = all.until("k3 on node 1", |e| e.iter().any(|e| e.job == "k3")).await;
-    assert_eq!(joined, reference.iter().map(seen).collect::<Vec<_>>(), "node 2 then node 3 = node 1");
+    let reference = all
+        .until("k3 on node 1", |e| e.iter().any(|e| e.job == "k3"))
+        .await;
+    assert_eq!(
+        joined,
+        reference.iter().map(seen).collect::<Vec<_>>(),
+        "node 2 then node 3 = node 1"
+    );
     assert_in_log_order(&reference);
 
     // kairosctl prints the same story as JSON lines.
     let mut ctl = Command::new(kairosctl_bin())
-        .args(["--endpoints", &n3, "--output", "json", "watch", "--job", "j", "--from-index", "0"])
+        .args([
+            "--endpoints",
+            &n3,
+            "--output",
+            "json",
+            "watch",
+            "--job",
+            "j",
+            "--from-index",
+            "0",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .expect("kairosctl watch");
@@ -212,37 +278,89 @@ async fn a_jobs_story_in_log_order_filtered_and_resumed_on_another_node_without_
         .iter()
         .map(|v| (v["index"].as_u64().unwrap(), v["event"].as_str().unwrap()))
         .collect();
-    let want = ["job_created", "run_fired", "run_assigned", "run_finished", "job_paused", "job_resumed", "job_deleted"];
-    assert_eq!(printed, story.iter().map(|e| e.index).zip(want).collect::<Vec<_>>());
+    let want = [
+        "job_created",
+        "run_fired",
+        "run_assigned",
+        "run_finished",
+        "job_paused",
+        "job_resumed",
+        "job_deleted",
+    ];
+    assert_eq!(
+        printed,
+        story.iter().map(|e| e.index).zip(want).collect::<Vec<_>>()
+    );
     assert_eq!(lines[3]["outcome"], "succeeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_the_leader_mid_stream_the_stream_resumes_on_the_new_leader_without_gap_or_repeat() {
+async fn killing_the_leader_mid_stream_the_stream_resumes_on_the_new_leader_without_gap_or_repeat()
+{
     let mut cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_leader().await;
     let c = cluster.client();
-    let follower = cluster.nodes.iter().map(|n| n.id).find(|id| *id != leader).unwrap();
-    let reference = Watcher::start(&c, &cluster.node(follower).addr, request(Some((0, 0)), &[], &[])).await;
-    let on_leader = Watcher::start(&c, &cluster.node(leader).addr, request(Some((0, 0)), &[], &[])).await;
+    let follower = cluster
+        .nodes
+        .iter()
+        .map(|n| n.id)
+        .find(|id| *id != leader)
+        .unwrap();
+    let reference = Watcher::start(
+        &c,
+        &cluster.node(follower).addr,
+        request(Some((0, 0)), &[], &[]),
+    )
+    .await;
+    let on_leader = Watcher::start(
+        &c,
+        &cluster.node(leader).addr,
+        request(Some((0, 0)), &[], &[]),
+    )
+    .await;
     let _worker = succeeding_worker(cluster.endpoints(), "tick");
     create(&c, every_job("tick", "tick", 200)).await.unwrap();
-    on_leader.until("5 finished runs on the leader", |e| count(e, K::RunFinished) >= 5).await;
+    on_leader
+        .until("5 finished runs on the leader", |e| {
+            count(e, K::RunFinished) >= 5
+        })
+        .await;
 
     cluster.kill(leader);
-    let status = on_leader.ended().await.expect("the stream fails when its node dies");
+    let status = on_leader
+        .ended()
+        .await
+        .expect("the stream fails when its node dies");
     assert_ne!(status.code(), Code::OutOfRange, "{status:?}");
     let before = on_leader.stop();
     let new_leader = wait_for("a new leader", WAIT, || async {
         let s = c.status().await.ok()?;
-        s.nodes.iter().find(|n| n.role == "leader" && n.id != leader).map(|n| n.id)
+        s.nodes
+            .iter()
+            .find(|n| n.role == "leader" && n.id != leader)
+            .map(|n| n.id)
     })
     .await;
-    let resumed = Watcher::start(&c, &cluster.node(new_leader).addr, request(after(before.last().unwrap()), &[], &[])).await;
-    let rest = resumed.until("5 more finished runs", |e| count(e, K::RunFinished) >= 5).await;
+    let resumed = Watcher::start(
+        &c,
+        &cluster.node(new_leader).addr,
+        request(after(before.last().unwrap()), &[], &[]),
+    )
+    .await;
+    let rest = resumed
+        .until("5 more finished runs", |e| count(e, K::RunFinished) >= 5)
+        .await;
     let joined: Vec<Seen> = before.iter().chain(&rest).map(seen).collect();
-    let reference = reference.until("the reference to catch up", |e| e.len() >= joined.len()).await;
-    assert_eq!(joined, reference[..joined.len()].iter().map(seen).collect::<Vec<_>>());
+    let reference = reference
+        .until("the reference to catch up", |e| e.len() >= joined.len())
+        .await;
+    assert_eq!(
+        joined,
+        reference[..joined.len()]
+            .iter()
+            .map(seen)
+            .collect::<Vec<_>>()
+    );
     assert_in_log_order(&reference);
 }
 
@@ -267,7 +385,8 @@ fn sharded(id: &str, shards: u32) -> pb::JobSpec {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compacted_positions_are_refused_naming_the_oldest_and_a_watcher_that_does_not_read_is_dropped() {
+async fn compacted_positions_are_refused_naming_the_oldest_and_a_watcher_that_does_not_read_is_dropped(
+) {
     let cluster = Cluster::start(3, &["--watch-events", "128"]);
     cluster.wait_leader().await;
     let c = cluster.client();
@@ -280,18 +399,27 @@ async fn compacted_positions_are_refused_naming_the_oldest_and_a_watcher_that_do
     let e = open(&c, &n2, req).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().starts_with("jobs: at most 64"), "{e:?}");
-    let e = open(&c, &n2, request(None, &[], &["bad group!"])).await.unwrap_err();
+    let e = open(&c, &n2, request(None, &[], &["bad group!"]))
+        .await
+        .unwrap_err();
     assert!(e.message().starts_with("groups[0]:"), "{e:?}");
 
     // Not read: a 1 KiB HTTP/2 window, so the node's queue for it fills.
     let mut slow_client = small_window_client(&n2);
-    let mut slow = slow_client.watch(request(None, &[], &[])).await.unwrap().into_inner();
+    let mut slow = slow_client
+        .watch(request(None, &[], &[]))
+        .await
+        .unwrap()
+        .into_inner();
     let fast = Watcher::start(&c, &n2, request(None, &[], &[])).await;
     // One fire of 100 runs at a time, read by the fast watcher before the next.
     for i in 0..JOBS {
         create(&c, sharded(&format!("wide{i}"), 100)).await.unwrap();
         let fires = 100 * (i + 1);
-        fast.until(&format!("{fires} fires"), |e| count(e, K::RunFired) == fires).await;
+        fast.until(&format!("{fires} fires"), |e| {
+            count(e, K::RunFired) == fires
+        })
+        .await;
     }
     let mut received = 0;
     let end = loop {
@@ -306,15 +434,37 @@ async fn compacted_positions_are_refused_naming_the_oldest_and_a_watcher_that_do
     assert!(end.message().starts_with("compacted — re-list"), "{end:?}");
 
     // Index 0 is long gone from a 128-event ring: refused, naming the oldest held.
-    let e = open(&c, &n2, request(Some((0, 0)), &[], &[])).await.unwrap_err();
+    let e = open(&c, &n2, request(Some((0, 0)), &[], &[]))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
-    let oldest: u64 = e.metadata().get(OLDEST_INDEX_HEADER).unwrap().to_str().unwrap().parse().unwrap();
-    assert!(oldest > 0 && e.message().contains(&format!("from log index {oldest} on")), "{e:?}");
+    let oldest: u64 = e
+        .metadata()
+        .get(OLDEST_INDEX_HEADER)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        oldest > 0 && e.message().contains(&format!("from log index {oldest} on")),
+        "{e:?}"
+    );
     let from_oldest = Watcher::start(&c, &n2, request(Some((oldest, 0)), &[], &[])).await;
-    assert_eq!(cluster.metric(2, "kairos_watch_oldest_index"), Some(oldest as f64));
+    assert_eq!(
+        cluster.metric(2, "kairos_watch_oldest_index"),
+        Some(oldest as f64)
+    );
     let last = format!("wide{}", JOBS - 1);
-    let held = from_oldest.until("the held events", |e| e.iter().any(|e| e.job == last)).await;
-    assert!(held[0].index >= oldest && held.len() <= 128, "{} events from {}", held.len(), held[0].index);
+    let held = from_oldest
+        .until("the held events", |e| e.iter().any(|e| e.job == last))
+        .await;
+    assert!(
+        held[0].index >= oldest && held.len() <= 128,
+        "{} events from {}",
+        held.len(),
+        held[0].index
+    );
     // The slow stream and the refused calls gave their slots back.
     wait_for("2 watchers on node 2", WAIT, || async {
         (cluster.metric(2, "kairos_watchers") == Some(2.0)).then_some(())
@@ -326,5 +476,8 @@ async fn compacted_positions_are_refused_naming_the_oldest_and_a_watcher_that_do
         .expect("kairosctl watch");
     let (ok, out) = kairos_tests::outcome(&out);
     let want = format!("oldest index held: {oldest})");
-    assert!(!ok && out.contains("compacted — re-list") && out.contains(&want), "{out}");
+    assert!(
+        !ok && out.contains("compacted — re-list") && out.contains(&want),
+        "{out}"
+    );
 }

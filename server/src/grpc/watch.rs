@@ -13,7 +13,9 @@ use tonic::{Response, Status};
 use super::convert::watch_event_out;
 use super::error;
 use crate::core::{limits, validate};
-use crate::watch::{Compacted, Filter, Hub, Position, WatcherSlot, FILTER_MAX, WATCHER_BUFFER_EVENTS};
+use crate::watch::{
+    Compacted, Filter, Hub, Position, WatcherSlot, FILTER_MAX, WATCHER_BUFFER_EVENTS,
+};
 
 use kairos_client::{OLDEST_INDEX_HEADER, WATCH_FROM_INDEX_HEADER};
 
@@ -23,7 +25,9 @@ pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WatchEv
 pub fn start(hub: &Arc<Hub>, req: pb::WatchRequest) -> Result<Response<WatchStream>, Status> {
     let filter = filter_in(req.jobs, req.groups)?;
     if hub.is_closed() {
-        return Err(Status::unavailable("watch: this node is stopping; watch another node"));
+        return Err(Status::unavailable(
+            "watch: this node is stopping; watch another node",
+        ));
     }
     let slot = hub.admit().ok_or_else(|| {
         Status::resource_exhausted(format!(
@@ -69,8 +73,10 @@ pub fn compacted(c: Compacted) -> Status {
          list the current state, then watch from that index",
         c.oldest
     ));
-    s.metadata_mut()
-        .insert(OLDEST_INDEX_HEADER, c.oldest.to_string().parse().expect("digits"));
+    s.metadata_mut().insert(
+        OLDEST_INDEX_HEADER,
+        c.oldest.to_string().parse().expect("digits"),
+    );
     s
 }
 

@@ -27,19 +27,21 @@ use super::StoreError;
 use crate::core::codec::{decode, encode};
 use crate::core::{self, keys, Effect, Job, Overlay, Response, Run, RunId, StateView, WheelKey};
 use crate::core::{Layered, Pending};
-use crate::watch::{self, Hub};
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
+use crate::watch::{self, Hub};
 
 /// Effects of one applied batch, for the leader's tasks.
 pub type EffectBatch = Arc<Vec<Effect>>;
 
-/// What applying a batch of entries produced.
-struct ApplyOut {
+/// What applying a batch of entries gives back, gathered chunk by chunk.
+struct Applied {
     responses: Vec<Response>,
     effects: Vec<Effect>,
-    /// Per entry, for the watch ring.
+    /// The joint-configuration failpoint fired.
+    crash: bool,
+    /// Per entry of the chunk being applied, for the watch ring.
     watched: Vec<watch::Applied>,
 }
 
@@ -93,7 +95,7 @@ pub const FLUSH_MS_DEFAULT: u64 = 100;
 /// Largest `--flush-ms`.
 pub const FLUSH_MS_MAX: u64 = 60_000;
 /// Applied keys held in memory after which apply flushes at once.
-pub const FLUSH_KEYS: usize = 16_384;
+pub const FLUSH_KEYS: usize = 4_096;
 /// Applied bytes (keys and values) held in memory after which apply flushes at once.
 pub const FLUSH_BYTES: usize = 32 << 20;
 
@@ -176,8 +178,8 @@ impl StateMachine {
         let pending_timers = AtomicU64::new(count_wheel(&tree));
         // Entries up to what sled holds were applied by an earlier process:
         // their events are gone.
-        let persisted: Option<LogId> = KvTree::get(&tree, keys::META_LAST_APPLIED)?
-            .and_then(|raw| decode(&raw).ok());
+        let persisted: Option<LogId> =
+            KvTree::get(&tree, keys::META_LAST_APPLIED)?.and_then(|raw| decode(&raw).ok());
         let watch = Arc::new(Hub::new(opts.watch_events, next_index(persisted)));
         let inner = Inner {
             db,
@@ -407,86 +409,99 @@ impl StateMachine {
     }
 
     /// Applies `entries` in order into memory and returns their responses
-    /// and effects; flushes when the held state is past its bounds (or
-    /// always, with `flush_ms` 0). A batch holding an entry of a format this
-    /// binary cannot read is refused whole.
-    fn apply_entries(&self, entries: Vec<Entry>) -> Result<ApplyOut, StorageError> {
-        let mut responses = Vec::with_capacity(entries.len());
-        let mut effects = Vec::new();
-        let mut watched = Vec::with_capacity(entries.len());
-        let mut crash = false;
-        let mut refused = None;
-        let net = {
-            let dirty = self.inner.dirty.read_recursive();
-            let tree = TreeView(&self.inner.tree);
-            let state = Layered::new(&dirty.pending, &tree);
-            let mut overlay = Overlay::new(&state);
-            let mut last = None;
-            for entry in entries {
-                match entry.payload {
-                    EntryPayload::Blank => {
-                        watched.push(watch::Applied::new(entry.log_id.index, &[]));
-                        responses.push(Response::Empty)
-                    }
-                    EntryPayload::Membership(m) => {
-                        crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
-                        let stored = StoredMembership::new(Some(entry.log_id), m);
-                        overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
-                        watched.push(watch::Applied::new(entry.log_id.index, &[]));
-                        responses.push(Response::Empty);
-                    }
-                    EntryPayload::Normal(logged) => match logged.command(entry.log_id.index) {
-                        Ok(cmd) => {
-                            let applied = core::apply(&overlay, &cmd);
-                            for w in applied.writes {
-                                match w {
-                                    core::Write::Put(k, v) => overlay.put(k, v),
-                                    core::Write::Delete(k) => overlay.delete(k),
-                                }
-                            }
-                            watched.push(watch::Applied::new(entry.log_id.index, &applied.effects));
-                            effects.extend(applied.effects);
-                            responses.push(applied.response);
-                        }
-                        Err(e) => {
-                            refused = Some((entry.log_id, e));
-                            break;
-                        }
-                    },
-                }
-                last = Some(entry.log_id);
-            }
-            if let Some(last) = last {
-                overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
-            }
-            let net = overlay.into_pending();
-            if refused.is_none() {
-                self.count_timers(&net, &state);
-            }
-            net
+    /// and effects. Entries are taken in chunks that end once the state held
+    /// in memory reaches [`FLUSH_KEYS`] (at an entry boundary); a full chunk
+    /// is flushed at once (every chunk, with `flush_ms` 0). An entry of a
+    /// format this binary cannot read stops apply there, its chunk unapplied.
+    fn apply_entries(
+        &self,
+        entries: Vec<Entry>,
+    ) -> Result<(Vec<Response>, Vec<Effect>), StorageError> {
+        let mut out = Applied {
+            responses: Vec::with_capacity(entries.len()),
+            effects: Vec::new(),
+            crash: false,
+            watched: Vec::new(),
         };
-        if let Some((log_id, e)) = refused {
-            // Nothing of this batch is applied: the node stops here, and
-            // meets the same batch again after a restart.
-            tracing::error!("refusing to apply: {e}");
-            return Err(StorageIOError::apply(log_id, openraft::AnyError::new(&e)).into());
+        let mut entries = entries.into_iter().peekable();
+        while entries.peek().is_some() {
+            let net = self.apply_chunk(&mut entries, &mut out)?;
+            let full = {
+                let mut dirty = self.inner.dirty.write();
+                dirty.merge(net);
+                dirty.full() || self.inner.flush_ms == 0
+            };
+            // Callers hold the apply lock: a snapshot install cannot come between.
+            self.inner.watch.push(std::mem::take(&mut out.watched));
+            if full {
+                self.flush_dirty().map_err(sm_err)?;
+            }
         }
-        let full = {
-            let mut dirty = self.inner.dirty.write();
-            dirty.merge(net);
-            dirty.full() || self.inner.flush_ms == 0
-        };
-        if full {
-            self.flush_dirty().map_err(sm_err)?;
-        }
-        if crash {
+        if out.crash {
             crash_now("applied a joint configuration");
         }
-        Ok(ApplyOut {
-            responses,
-            effects,
-            watched,
-        })
+        Ok((out.responses, out.effects))
+    }
+
+    /// Applies entries from `entries` over the state until what it would
+    /// hold in memory reaches [`FLUSH_KEYS`]; returns the chunk's net writes
+    /// (with its `last_applied`).
+    fn apply_chunk(
+        &self,
+        entries: &mut std::iter::Peekable<std::vec::IntoIter<Entry>>,
+        out: &mut Applied,
+    ) -> Result<Pending, StorageError> {
+        let dirty = self.inner.dirty.read_recursive();
+        let tree = TreeView(&self.inner.tree);
+        let state = Layered::new(&dirty.pending, &tree);
+        let mut overlay = Overlay::new(&state);
+        let mut last = None;
+        while last.is_none() || dirty.pending.len() + overlay.len() < FLUSH_KEYS {
+            let Some(entry) = entries.next() else {
+                break;
+            };
+            match entry.payload {
+                EntryPayload::Blank => {
+                    out.watched
+                        .push(watch::Applied::new(entry.log_id.index, &[]));
+                    out.responses.push(Response::Empty)
+                }
+                EntryPayload::Membership(m) => {
+                    out.crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
+                    let stored = StoredMembership::new(Some(entry.log_id), m);
+                    overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
+                    out.watched
+                        .push(watch::Applied::new(entry.log_id.index, &[]));
+                    out.responses.push(Response::Empty);
+                }
+                EntryPayload::Normal(logged) => {
+                    let cmd = logged.command(entry.log_id.index).map_err(|e| {
+                        // The node stops here, and meets this entry again after a restart.
+                        tracing::error!("refusing to apply: {e}");
+                        StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
+                    })?;
+                    let applied = core::apply(&overlay, &cmd);
+                    for w in applied.writes {
+                        match w {
+                            core::Write::Put(k, v) => overlay.put(k, v),
+                            core::Write::Delete(k) => overlay.delete(k),
+                        }
+                    }
+                    let index = entry.log_id.index;
+                    out.watched
+                        .push(watch::Applied::new(index, &applied.effects));
+                    out.effects.extend(applied.effects);
+                    out.responses.push(applied.response);
+                }
+            }
+            last = Some(entry.log_id);
+        }
+        if let Some(last) = last {
+            overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
+        }
+        let net = overlay.into_pending();
+        self.count_timers(&net, &state);
+        Ok(net)
     }
 
     /// Writes the applied state held in memory to sled in one atomic batch,
@@ -810,13 +825,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // messages and heartbeats on this node are not held up behind it.
             let sm = self.clone();
             let start = std::time::Instant::now();
-            let out = tokio::task::spawn_blocking(move || sm.apply_entries(entries))
+            let applied = tokio::task::spawn_blocking(move || sm.apply_entries(entries))
                 .await
                 .map_err(sm_err)??;
             self.inner.metrics.applied(start.elapsed());
-            // Under the apply lock: a snapshot install cannot come between.
-            self.inner.watch.push(out.watched);
-            (out.responses, out.effects)
+            applied
         };
         if !effects.is_empty() {
             // No receiver (not leader) is fine: followers have no leader work.
@@ -1006,6 +1019,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_long_batch_is_applied_in_chunks_each_flushed_past_the_key_bound() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(a_dir.path());
+        sm.apply((1..=3000).map(create)).await.unwrap();
+        let persisted = sm.persisted_applied().map_or(0, |l| l.index);
+        assert!(
+            (1..3000).contains(&persisted),
+            "flushed mid-batch at an entry boundary, got {persisted}"
+        );
+        assert!(sm.unflushed_keys() < FLUSH_KEYS);
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(3000));
+        let mut every = open_flushing_every(b_dir.path(), 0);
+        every.apply((1..=3000).map(create)).await.unwrap();
+        assert_eq!(sm.digest().await, every.digest().await);
+    }
+
+    #[tokio::test]
     async fn a_crash_before_the_flush_is_made_good_by_applying_the_log_again() {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut crashed = open_windowed(a_dir.path());
@@ -1050,7 +1080,10 @@ mod tests {
         };
         let read = sm.watch().read(at, &Default::default(), usize::MAX);
         let events = read.map_err(|c| c.oldest)?.events;
-        Ok(events.into_iter().map(|e| (e.at.index, e.at.seq, e.job)).collect())
+        Ok(events
+            .into_iter()
+            .map(|e| (e.at.index, e.at.seq, e.job))
+            .collect())
     }
 
     #[tokio::test]
@@ -1061,7 +1094,10 @@ mod tests {
         sm.flush().await.unwrap();
         sm.apply([delete(3, 1)]).await.unwrap();
         let want = |i: u64, id: u64| (i, 0, format!("job-{id}"));
-        assert_eq!(watched(&sm, 0), Ok(vec![want(1, 1), want(2, 2), want(3, 1)]));
+        assert_eq!(
+            watched(&sm, 0),
+            Ok(vec![want(1, 1), want(2, 2), want(3, 1)])
+        );
         assert_eq!(watched(&sm, 3), Ok(vec![want(3, 1)]));
         drop(sm);
         // Entries up to the flushed index were applied by the old process.
@@ -1074,7 +1110,11 @@ mod tests {
         let meta = snap.meta.clone();
         let rx = receive(&mut restarted, snap).await;
         restarted.install_snapshot(&meta, rx).await.unwrap();
-        assert_eq!(watched(&restarted, 3), Err(6), "the ring starts after the snapshot");
+        assert_eq!(
+            watched(&restarted, 3),
+            Err(6),
+            "the ring starts after the snapshot"
+        );
     }
 
     /// A node with `jobs` applied and the snapshot it built.

@@ -62,7 +62,10 @@ pub async fn run(c: &Client, json: bool, a: WatchArgs) -> anyhow::Result<()> {
         if !resumable || progress.elapsed() > RESUME_FOR {
             bail!("{addr}: {}", err.message());
         }
-        eprintln!("watch: {addr}: {}; resuming on the next endpoint", err.message());
+        eprintln!(
+            "watch: {addr}: {}; resuming on the next endpoint",
+            err.message()
+        );
         next += 1;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -102,12 +105,20 @@ async fn stream(
 
 fn print_event(e: &pb::WatchEvent, json: bool) {
     let kind = pb::WatchEventKind::try_from(e.kind)
-        .map(|k| k.as_str_name().trim_start_matches("WATCH_EVENT_KIND_").to_lowercase())
+        .map(|k| {
+            k.as_str_name()
+                .trim_start_matches("WATCH_EVENT_KIND_")
+                .to_lowercase()
+        })
         .unwrap_or_else(|_| e.kind.to_string());
     let outcome = match e.outcome {
         0 => String::new(),
         n => pb::RunState::try_from(n)
-            .map(|s| s.as_str_name().trim_start_matches("RUN_STATE_").to_lowercase())
+            .map(|s| {
+                s.as_str_name()
+                    .trim_start_matches("RUN_STATE_")
+                    .to_lowercase()
+            })
             .unwrap_or_else(|_| n.to_string()),
     };
     if json {
