@@ -159,7 +159,7 @@ async fn job_call(c: &Client, id: &str, what: &str) {
 fn succeeding_worker(endpoints: Vec<String>, group: &str) -> tokio::task::JoinHandle<()> {
     let w = Worker::connect(endpoints, group)
         .capacity(8)
-        .id(&format!("w-{group}"));
+        .id(format!("w-{group}"));
     tokio::spawn(async move {
         let _ = w
             .run(|_t: Task| async { Outcome::Success(Vec::new()) })
