@@ -496,6 +496,25 @@ mod tests {
     }
 
     #[test]
+    fn the_last_part_of_a_restore_compacts_everything_up_to_it() {
+        let hub = Hub::new(100, 1);
+        let created = Effect::JobChanged {
+            job: "a".into(),
+            group: "g".into(),
+            change: JobChange::Created,
+        };
+        hub.push(vec![
+            Applied::new(1, std::slice::from_ref(&created)),
+            Applied::new(2, &[Effect::Restored]),
+            Applied::new(3, &[created]),
+        ]);
+        let all = Filter::default();
+        assert_eq!(hub.read(at(1, 0), &all, 10), Err(Compacted { oldest: 3 }));
+        let after = hub.read(at(3, 0), &all, 10).unwrap();
+        assert_eq!((positions(&after), hub.bounds()), (vec![(3, 0)], (3, 4)));
+    }
+
+    #[test]
     fn watchers_beyond_the_limit_are_refused_and_a_dropped_slot_is_given_back() {
         let hub = Arc::new(Hub::new(16, 1));
         let slots: Vec<_> = (0..WATCHERS_MAX).map(|_| hub.admit().unwrap()).collect();
