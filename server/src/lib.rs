@@ -16,8 +16,10 @@ pub mod membership;
 pub mod metrics;
 pub mod node;
 pub mod raft;
+pub mod runlog;
 pub mod store;
 pub mod tls;
 pub mod upgrade;
+pub mod watch;
 
 pub use node::{run, Config};

@@ -19,7 +19,25 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::core::{Misfire, RunState};
 use crate::node::Node;
+
+/// The `outcome` label: Prometheus style (`timed_out`) where the API says `timed-out`.
+fn outcome_label(state: RunState) -> &'static str {
+    match state {
+        RunState::TimedOut => "timed_out",
+        RunState::RetryWait => "retry_wait",
+        other => other.as_str(),
+    }
+}
+
+fn policy_label(policy: Misfire) -> &'static str {
+    match policy {
+        Misfire::FireAll => "fire_all",
+        Misfire::FireOnce => "fire_once",
+        Misfire::Skip => "skip",
+    }
+}
 
 /// Distinct `group` label values per node; later groups are `_other`.
 pub const GROUP_LABELS_MAX: usize = 256;
@@ -27,6 +45,18 @@ pub const GROUP_LABELS_MAX: usize = 256;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GroupLabel {
     group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    group: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MisfireLabels {
+    group: String,
+    policy: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -41,12 +71,17 @@ pub struct Metrics {
     registry: Registry,
     groups: Mutex<HashSet<String>>,
     fires: Family<GroupLabel, Counter>,
+    runs_finished: Family<OutcomeLabels, Counter>,
+    misfires: Family<MisfireLabels, Counter>,
     fire_lateness: Histogram,
     dispatch_latency: Histogram,
     apply: Histogram,
+    log_append: Histogram,
     leader_changes: Counter,
     wheel_entries: Gauge,
+    raft_commit_index: Gauge,
     // Read from the node at scrape time.
+    pending_timers: Gauge,
     raft_term: Gauge,
     raft_last_log_index: Gauge,
     raft_applied_index: Gauge,
@@ -64,6 +99,8 @@ pub struct Metrics {
     refused_writes: Counter,
     state_writes: Counter,
     unflushed_keys: Gauge,
+    watchers: Gauge,
+    watch_oldest_index: Gauge,
     /// One scrape at a time: levels are cleared and re-read, counters kept
     /// elsewhere are caught up.
     rendering: Mutex<()>,
@@ -83,11 +120,16 @@ impl Metrics {
             registry: Registry::default(),
             groups: Mutex::new(HashSet::new()),
             fires: Family::default(),
+            runs_finished: Family::default(),
+            misfires: Family::default(),
             fire_lateness: seconds(),
             dispatch_latency: seconds(),
             apply: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            log_append: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             leader_changes: Counter::default(),
             wheel_entries: Gauge::default(),
+            raft_commit_index: Gauge::default(),
+            pending_timers: Gauge::default(),
             raft_term: Gauge::default(),
             raft_last_log_index: Gauge::default(),
             raft_applied_index: Gauge::default(),
@@ -105,6 +147,8 @@ impl Metrics {
             refused_writes: Counter::default(),
             state_writes: Counter::default(),
             unflushed_keys: Gauge::default(),
+            watchers: Gauge::default(),
+            watch_oldest_index: Gauge::default(),
             rendering: Mutex::new(()),
         };
         m.register()
@@ -116,6 +160,18 @@ impl Metrics {
             "kairos_fires",
             "Occurrences fired by this node while it led (first attempts of runs)",
             self.fires.clone(),
+        );
+        r.register(
+            "kairos_runs_finished",
+            "Runs that reached a terminal state while this node led, by outcome \
+             (succeeded, failed, timed_out, cancelled, skipped)",
+            self.runs_finished.clone(),
+        );
+        r.register(
+            "kairos_misfires",
+            "Occurrences found due past their misfire grace while this node led, \
+             by the policy that handled them (fire_all, fire_once, skip)",
+            self.misfires.clone(),
         );
         r.register_with_unit(
             "kairos_fire_lateness",
@@ -135,6 +191,12 @@ impl Metrics {
             Unit::Seconds,
             self.apply.clone(),
         );
+        r.register_with_unit(
+            "kairos_log_append",
+            "Time to append a batch of entries to the Raft log, fsync included",
+            Unit::Seconds,
+            self.log_append.clone(),
+        );
         r.register(
             "kairos_raft_leader_changes",
             "Times this node saw the cluster's leader change",
@@ -144,6 +206,16 @@ impl Metrics {
             "kairos_wheel_entries",
             "Timers in the leader's in-memory wheel (0 on followers)",
             self.wheel_entries.clone(),
+        );
+        r.register(
+            "kairos_pending_timers",
+            "Timers in the durable wheel index: next occurrences and retries",
+            self.pending_timers.clone(),
+        );
+        r.register(
+            "kairos_raft_commit_index",
+            "Index of the last entry this node knows to be committed",
+            self.raft_commit_index.clone(),
         );
         r.register(
             "kairos_raft_term",
@@ -233,6 +305,16 @@ impl Metrics {
             "Applied state keys held in memory and not yet written to the store (the log holds them)",
             self.unflushed_keys.clone(),
         );
+        r.register(
+            "kairos_watchers",
+            "Watch streams this node serves",
+            self.watchers.clone(),
+        );
+        r.register(
+            "kairos_watch_oldest_index",
+            "Oldest log index whose events this node's watch ring holds (older positions are compacted)",
+            self.watch_oldest_index.clone(),
+        );
         self
     }
 
@@ -252,6 +334,32 @@ impl Metrics {
     pub fn fired(&self, group: &str, late_ms: i64) {
         self.fires.get_or_create(&self.group(group)).inc();
         self.fire_lateness.observe(late_ms.max(0) as f64 / 1000.0);
+    }
+
+    /// A run reached a terminal state (counted on the leader, from apply's effects).
+    pub fn finished(&self, group: &str, outcome: RunState) {
+        let labels = OutcomeLabels {
+            group: self.group(group).group,
+            outcome: outcome_label(outcome),
+        };
+        self.runs_finished.get_or_create(&labels).inc();
+    }
+
+    pub fn misfired(&self, group: &str, policy: Misfire) {
+        let labels = MisfireLabels {
+            group: self.group(group).group,
+            policy: policy_label(policy),
+        };
+        self.misfires.get_or_create(&labels).inc();
+    }
+
+    pub fn log_appended(&self, took: Duration) {
+        self.log_append.observe(took.as_secs_f64());
+    }
+
+    pub fn set_commit_index(&self, index: u64) {
+        self.raft_commit_index
+            .set(i64::try_from(index).unwrap_or(i64::MAX));
     }
 
     pub fn dispatched(&self, waited: Duration) {
@@ -275,6 +383,7 @@ impl Metrics {
         let _one = self.rendering.lock().unwrap_or_else(|e| e.into_inner());
         let m = node.raft.metrics().borrow().clone();
         let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.pending_timers.set(int(node.sm.pending_timers()));
         self.raft_term.set(int(m.current_term));
         self.raft_last_log_index
             .set(int(m.last_log_index.unwrap_or(0)));
@@ -315,6 +424,9 @@ impl Metrics {
         catch_up(&self.state_writes, node.sm.writes_total());
         self.unflushed_keys
             .set(int(node.sm.unflushed_keys() as u64));
+        let watch = node.sm.watch();
+        self.watchers.set(int(watch.watchers() as u64));
+        self.watch_oldest_index.set(int(watch.bounds().0));
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {
             tracing::error!("encoding metrics: {e}");

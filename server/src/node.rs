@@ -58,6 +58,8 @@ pub struct Config {
     pub queue_max: usize,
     /// Applied state is written to sled at least this often (0: after each batch).
     pub flush_ms: u64,
+    /// Events the watch ring keeps (`--watch-events`).
+    pub watch_events: usize,
     /// When the leader refuses client writes (`RESOURCE_EXHAUSTED`).
     pub admission: admission::Bounds,
 }
@@ -91,6 +93,7 @@ impl Config {
             join: Vec::new(),
             queue_max: crate::leader::dispatch::QUEUE_MAX,
             flush_ms: store::sm::FLUSH_MS_DEFAULT,
+            watch_events: crate::watch::RING_EVENTS_DEFAULT,
             admission: admission::Bounds::default(),
         }
     }
@@ -125,6 +128,14 @@ impl Config {
             "flush-ms: must be between 0 and {}, got {}",
             store::sm::FLUSH_MS_MAX,
             self.flush_ms
+        );
+        anyhow::ensure!(
+            (crate::watch::RING_EVENTS_MIN..=crate::watch::RING_EVENTS_MAX)
+                .contains(&self.watch_events),
+            "watch-events: must be between {} and {}, got {}",
+            crate::watch::RING_EVENTS_MIN,
+            crate::watch::RING_EVENTS_MAX,
+            self.watch_events
         );
         anyhow::ensure!(
             (1..=crate::leader::dispatch::QUEUE_MAX).contains(&self.queue_max),
@@ -541,6 +552,7 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
     while let Some(batch) = next_batch(&mut rx, &mut carry, limits::FINISH_BATCH_MAX, size).await {
         for h in &batch {
             node.metrics.dispatched(h.waited);
+            crate::runlog::dispatched(&h.run, h.attempt, &h.group, &h.worker, h.waited.as_millis());
         }
         let assignments = batch
             .into_iter()
@@ -848,6 +860,7 @@ pub async fn run(
     let sm_opts = store::sm::Options {
         metrics: metrics.clone(),
         flush_ms: config.flush_ms,
+        watch_events: config.watch_events,
         ..Default::default()
     };
     let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
@@ -920,6 +933,8 @@ pub async fn run(
         shutdown.await;
         // Still serving: the next leader needs this node's votes and log.
         crate::handover::before_stop(&stopping).await;
+        // Watch streams never end by themselves; the server waits for them.
+        stopping.sm.watch().close();
         let _ = stop_tx.send(true);
     });
     let http_task = http.map(|l| {

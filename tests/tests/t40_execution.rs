@@ -90,6 +90,12 @@ async fn retries_until_success_and_fails_after_max_attempts() {
     assert_eq!(m("kairos_fires_total{group=\"flaky\"}"), 2.0);
     assert_eq!(m("kairos_fire_lateness_seconds_count"), 2.0);
     assert_eq!(m("kairos_dispatch_latency_seconds_count"), 6.0);
+    let finished = |outcome: &str| {
+        m(&format!(
+            "kairos_runs_finished_total{{group=\"flaky\",outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert_eq!((finished("succeeded"), finished("failed")), (1.0, 1.0));
     assert!(m("kairos_apply_seconds_count") >= 1.0);
     assert_eq!(m("kairos_raft_is_leader"), 1.0);
     assert!(m("kairos_raft_applied_index") >= 1.0);

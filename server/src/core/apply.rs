@@ -34,6 +34,47 @@ pub enum Effect {
     Cancel { run: RunId, attempt: u32 },
     /// A restore finished: the leader rebuilds its wheel and queues from state.
     Restored,
+    /// A run reached a terminal state (succeeded, failed, timed out,
+    /// cancelled, or recorded skipped): the leader counts and logs it.
+    Finished(Finished),
+    /// An occurrence was due longer ago than its job's misfire grace and
+    /// was handled by `policy`: the leader counts it.
+    Misfired { group: String, policy: Misfire },
+    /// A job was created, changed, deleted, paused or resumed (for watchers;
+    /// `group` is the job's group after the change).
+    JobChanged {
+        job: String,
+        group: String,
+        change: JobChange,
+    },
+    /// An attempt was recorded as handed to `worker` (for watchers).
+    Assigned {
+        run: RunId,
+        attempt: u32,
+        group: String,
+        worker: String,
+    },
+}
+
+/// What happened to a job, as watchers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobChange {
+    Created,
+    Updated,
+    Deleted,
+    Paused,
+    Resumed,
+}
+
+/// A run's terminal state as apply decided it, with who ran its last attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub run: RunId,
+    pub attempt: u32,
+    pub group: String,
+    /// Empty when no worker ran the attempt (skipped, cancelled while pending).
+    pub worker: String,
+    pub outcome: RunState,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -534,6 +575,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.set_next(&mut job, first);
         self.put(keys::job(&job.id), &job);
         self.record_revision(&job, job.revision, "create");
+        self.job_changed(&job, JobChange::Created);
         Ok(job)
     }
 
@@ -567,6 +609,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.put(keys::job(&job.id), &job);
         self.record_revision(&job, job.revision, "update");
+        self.job_changed(&job, JobChange::Updated);
         Ok(job)
     }
 
@@ -581,7 +624,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.o.delete(keys::job(id));
         self.record_revision(&job, job.revision.saturating_add(1), "delete");
+        self.job_changed(&job, JobChange::Deleted);
         Ok(true)
+    }
+
+    fn job_changed(&mut self, job: &Job, change: JobChange) {
+        self.effects.push(Effect::JobChanged {
+            job: job.id.clone(),
+            group: job.group.clone(),
+            change,
+        });
     }
 
     /// Appends to the job's revision history, keeping the newest
@@ -615,6 +667,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             job.updated_at_ms = self.now;
             self.put(keys::job(id), &job);
             self.record_revision(&job, job.revision, "pause");
+            self.job_changed(&job, JobChange::Paused);
         }
         Ok(job)
     }
@@ -630,6 +683,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             self.set_next(&mut job, first);
             self.put(keys::job(id), &job);
             self.record_revision(&job, job.revision, "resume");
+            self.job_changed(&job, JobChange::Resumed);
         }
         Ok(job)
     }
@@ -708,6 +762,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn fire_occurrence(&mut self, job: &mut Job, scheduled: i64) -> Result<(), CommandError> {
         let late_ms = self.now.saturating_sub(scheduled);
         let late = late_ms > i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
+        if late {
+            self.effects.push(Effect::Misfired {
+                group: job.group.clone(),
+                policy: job.policy.misfire,
+            });
+        }
         let next = match (late, job.policy.misfire) {
             (false, _) | (true, Misfire::FireAll) => {
                 let note = if late {
@@ -803,6 +863,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let id = RunId::new(&job.id, scheduled);
         if self.run_rec(&id).is_none() {
             let run = self.new_run(job, id, 1, RunState::Skipped, note);
+            self.finished(&run);
             self.save_run(&run);
             self.trim_history(job, 1);
             self.after_finish(job, false);
@@ -894,6 +955,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             run.state = RunState::Cancelled;
             run.finished_at_ms = self.now;
             run.note = why.to_string();
+            self.finished(&run);
             self.save_run(&run);
         }
         if job.active_runs > 0 {
@@ -1082,6 +1144,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 run.state = RunState::Running;
                 run.worker = worker.clone();
                 self.put(keys::run(&run.id), &run);
+                self.effects.push(Effect::Assigned {
+                    run: run.id,
+                    attempt: run.attempt,
+                    group: run.group,
+                    worker: run.worker,
+                });
             }
         }
         Response::Empty
@@ -1206,7 +1274,18 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         run.state = state;
         run.finished_at_ms = self.now;
         self.save_run(&run);
+        self.finished(&run);
         self.end_run(&run);
+    }
+
+    fn finished(&mut self, run: &Run) {
+        self.effects.push(Effect::Finished(Finished {
+            run: run.id.clone(),
+            attempt: run.attempt,
+            group: run.group.clone(),
+            worker: run.worker.clone(),
+            outcome: run.state,
+        }));
     }
 
     fn retry_run(&mut self, id: &RunId) -> Result<Run, CommandError> {

@@ -12,13 +12,14 @@ pub mod keys;
 mod proptests;
 pub mod query;
 pub mod schedule;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 pub mod types;
 pub mod validate;
 pub mod view;
 
-pub use apply::{apply, Applied, Effect};
+pub use apply::{apply, Applied, Effect, Finished, JobChange};
 pub use command::{Command, CommandError, FinishReport, Response, VersionedCommand};
 pub use types::*;
 pub use view::{Layered, MemView, Overlay, Pending, StateView, Write};

@@ -72,6 +72,31 @@ fn ended(run: &RunId, attempt: u32) -> Effect {
     }
 }
 
+fn finished(run: &RunId, attempt: u32, worker: &str, outcome: RunState) -> Effect {
+    Effect::Finished(Finished {
+        run: run.clone(),
+        attempt,
+        group: "g".into(),
+        worker: worker.into(),
+        outcome,
+    })
+}
+
+fn job_changed(job: &str, change: JobChange) -> Effect {
+    Effect::JobChanged {
+        job: job.into(),
+        group: "g".into(),
+        change,
+    }
+}
+
+fn misfired(policy: Misfire) -> Effect {
+    Effect::Misfired {
+        group: "g".into(),
+        policy,
+    }
+}
+
 fn trigger(id: &str, now_ms: i64) -> Command {
     Command::TriggerJob {
         id: id.into(),
@@ -245,7 +270,11 @@ fn create_every_schedules_exactly_one_occurrence_at_now_plus_every() {
     let mut sim = Sim::default();
     let a = sim.create(every("a", 1000), T0);
 
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 1000))]);
+    let created = job_changed("a", JobChange::Created);
+    assert_eq!(
+        a.effects,
+        vec![Effect::Scheduled(occ("a", T0 + 1000)), created]
+    );
     assert_eq!(sim.wheel(), vec![occ("a", T0 + 1000)]);
     assert_eq!(sim.job("a").next_fire_at_ms, Some(T0 + 1000));
     assert_eq!(a.response, Response::Job(sim.job("a")));
@@ -305,6 +334,68 @@ fn duplicate_fire_of_the_same_key_creates_the_run_once() {
     assert_eq!(sim.occurrences("a"), vec![T0 + 2000]);
 }
 
+// ------------------------------------------------------------------ watch effects
+
+#[test]
+fn each_job_change_is_an_effect_and_a_repeated_pause_or_resume_is_none() {
+    let mut sim = sim_with(every("a", 1000));
+    let job_effects = |a: &Applied| -> Vec<Effect> {
+        let watched = |e: &&Effect| matches!(e, Effect::JobChanged { .. });
+        a.effects.iter().filter(watched).cloned().collect()
+    };
+    let at = T0 + 10;
+    let pause = || Command::PauseJob {
+        id: "a".into(),
+        now_ms: at,
+    };
+    let resume = || Command::ResumeJob {
+        id: "a".into(),
+        now_ms: at,
+    };
+    let cases = [
+        (update(every("a", 700), 0, at), Some(JobChange::Updated)),
+        (pause(), Some(JobChange::Paused)),
+        (pause(), None),
+        (resume(), Some(JobChange::Resumed)),
+        (resume(), None),
+    ];
+    for (cmd, want) in cases {
+        let a = sim.exec(cmd.clone());
+        let want: Vec<_> = want.map(|c| job_changed("a", c)).into_iter().collect();
+        assert_eq!(job_effects(&a), want, "{cmd:?}");
+    }
+    let a = sim.exec(Command::DeleteJob {
+        id: "a".into(),
+        now_ms: at,
+    });
+    assert_eq!(job_effects(&a), vec![job_changed("a", JobChange::Deleted)]);
+    let again = sim.exec(Command::DeleteJob {
+        id: "a".into(),
+        now_ms: at,
+    });
+    assert_nothing_done(&again);
+}
+
+#[test]
+fn an_assignment_of_the_current_attempt_is_an_effect_and_a_stale_one_is_not() {
+    let mut sim = sim_with(every("a", 1000));
+    sim.fire_due(T0 + 1000);
+    let run = rid("a", T0 + 1000);
+    let assign = |attempt| Command::Assign {
+        now_ms: T0 + 1001,
+        assignments: vec![(run.clone(), attempt, "w1".to_string())],
+    };
+    let a = sim.exec(assign(1));
+    let assigned = Effect::Assigned {
+        run: run.clone(),
+        attempt: 1,
+        group: "g".into(),
+        worker: "w1".into(),
+    };
+    assert_eq!(a.effects, vec![assigned]);
+    assert_eq!(sim.exec(assign(2)).effects, vec![]);
+}
+
 #[test]
 fn stale_fire_after_update_delete_or_pause_creates_no_run() {
     let change = update(every("a", 700), 1, T0 + 500);
@@ -348,6 +439,7 @@ fn misfire_fire_all_runs_first_missed_and_catches_up_in_order() {
     let first = sim.run(&rid("a", T0 + 1000));
     assert_eq!(first.state, RunState::Pending);
     assert!(first.note.contains("late by 5500 ms"), "{}", first.note);
+    assert_eq!(a.effects.first(), Some(&misfired(Misfire::FireAll)));
     assert_eq!(
         sim.occurrences("a"),
         vec![T0 + 2000],
@@ -359,6 +451,9 @@ fn misfire_fire_all_runs_first_missed_and_catches_up_in_order() {
         let a = sim.fire_due(T0 + 6500);
         assert_eq!(a.response, fired(1, 0));
         assert_eq!(sim.occurrences("a"), vec![T0 + at + 1000]);
+        let late = at < 6000;
+        let counted = a.effects.contains(&misfired(Misfire::FireAll));
+        assert_eq!(counted, late, "a misfire is counted only past the grace");
     }
     let scheduled: Vec<i64> = sim
         .runs_of("a")
@@ -378,6 +473,7 @@ fn misfire_fire_all_runs_first_missed_and_catches_up_in_order() {
 fn misfire_fire_once_coalesces_into_one_run_for_the_latest_due_occurrence() {
     let (sim, a) = late_fire(Misfire::FireOnce);
     assert_eq!(a.response, fired(1, 0));
+    assert_eq!(a.effects.first(), Some(&misfired(Misfire::FireOnce)));
     let runs = sim.runs_of("a");
     assert_eq!(runs.len(), 1);
     assert_eq!(
@@ -413,7 +509,15 @@ fn misfire_skip_skips_only_what_is_past_the_grace_window() {
         )
     );
     assert!(!a.effects.iter().any(|e| matches!(e, Effect::Ready { .. })));
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 6000))]);
+    let skipped = finished(&rid("a", T0 + 1000), 1, "", RunState::Skipped);
+    assert_eq!(
+        a.effects,
+        vec![
+            misfired(Misfire::Skip),
+            skipped,
+            Effect::Scheduled(occ("a", T0 + 6000))
+        ]
+    );
     assert_eq!(sim.job("a").active_runs, 0);
     assert_eq!(sim.occurrences("a"), vec![T0 + 6000]);
 
@@ -729,7 +833,8 @@ fn finish_success_ends_the_run_and_frees_the_job() {
     let a = sim.finish(now, report(&r, 1, true, 0));
 
     assert_eq!(a.response, Response::Batch(vec![Ok(())]));
-    assert_eq!(a.effects, vec![ended(&r, 1)]);
+    let succeeded = finished(&r, 1, "w1", RunState::Succeeded);
+    assert_eq!(a.effects, vec![succeeded, ended(&r, 1)]);
     let run = sim.run(&r);
     assert_eq!(
         (run.state, run.finished_at_ms, run.result),
@@ -789,8 +894,10 @@ fn retries_until(last: RunState, fail: fn(&mut Sim, &RunId, u32, i64) -> Applied
         now += 300;
     }
     let a = fail(&mut sim, &r, 3, now);
-    assert_eq!(a.effects, vec![ended(&r, 3)]);
     let run = sim.run(&r);
+    // The finish names its worker; an expired attempt never assigned has none.
+    let ended_as = finished(&r, 3, &run.worker, last);
+    assert_eq!(a.effects, vec![ended_as, ended(&r, 3)]);
     assert_eq!((run.state, run.attempt, run.finished_at_ms), (last, 3, now));
     assert_eq!(sim.job("a").active_runs, 0);
     assert!(sim.wheel().iter().all(|k| k.kind == EntryKind::Occurrence));
@@ -894,7 +1001,11 @@ fn overlap_forbid_records_the_next_occurrence_skipped_while_a_run_is_active() {
     let skipped = sim.run(&rid("a", T0 + 2000));
     assert_eq!(skipped.state, RunState::Skipped);
     assert!(skipped.note.contains("overlap forbid"), "{}", skipped.note);
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 3000))]);
+    let recorded = finished(&skipped.id, 1, "", RunState::Skipped);
+    assert_eq!(
+        a.effects,
+        vec![recorded, Effect::Scheduled(occ("a", T0 + 3000))]
+    );
     assert_eq!(sim.active_runs("a").len(), 1);
     assert_eq!(sim.job("a").active_runs, 1);
 }
@@ -908,9 +1019,11 @@ fn overlap_buffer_one_starts_the_held_occurrence_when_the_active_run_ends() {
 
     let a = sim.finish(T0 + 2500, report(&rid("a", T0 + 1000), 1, true, 0));
     let started = rid("a", T0 + 2000);
-    let first_ended = ended(&rid("a", T0 + 1000), 1);
+    let first = rid("a", T0 + 1000);
+    let first_ended = ended(&first, 1);
     let started_ready = ready(&started, 1, limits::DEFAULT_TIMEOUT_MS);
-    assert_eq!(a.effects, vec![first_ended, started_ready]);
+    let succeeded = finished(&first, 1, "w1", RunState::Succeeded);
+    assert_eq!(a.effects, vec![succeeded, first_ended, started_ready]);
     let run = sim.run(&started);
     assert_eq!((run.state, run.fired_at_ms), (RunState::Pending, T0 + 2500));
     assert!(run.note.contains("buffer-one"), "{}", run.note);
@@ -933,6 +1046,7 @@ fn overlap_replace_cancels_the_active_run_and_starts_the_new_one() {
                 attempt: 1
             },
             ended(&old, 1),
+            finished(&old, 1, "", RunState::Cancelled),
             ready(&new, 1, limits::DEFAULT_TIMEOUT_MS),
             Effect::Scheduled(occ("a", T0 + 3000)),
         ]
@@ -2030,4 +2144,59 @@ fn the_active_log_format_only_rises_and_never_past_this_binary() {
     assert_nothing_done(&a);
     assert_eq!(query::log_format(&sim.view), 2);
     assert_eq!(state_time(&sim.view), 0, "activation carries no time");
+}
+
+// ------------------------------------------------------------------ statistics
+
+#[test]
+fn job_stats_count_the_kept_history_by_state_with_lateness_percentiles() {
+    let mut sim = sim_with(with_overlap(every("a", 1000), Overlap::Forbid));
+    // 1000 fires 200 ms late and succeeds; 2000 is skipped while it runs;
+    // 3000 fires on time and fails; 4000 is still pending.
+    sim.fire(T0 + 1200, vec![occ("a", T0 + 1000)]);
+    sim.fire(T0 + 2000, vec![occ("a", T0 + 2000)]);
+    sim.finish(T0 + 2500, report(&rid("a", T0 + 1000), 1, true, 0));
+    sim.fire(T0 + 3000, vec![occ("a", T0 + 3000)]);
+    let mut failure = report(&rid("a", T0 + 3000), 1, false, 0);
+    failure.retryable = false;
+    sim.finish(T0 + 3500, failure);
+    sim.fire(T0 + 4000, vec![occ("a", T0 + 4000)]);
+
+    let st = stats::job_stats(&sim.view, "a");
+    let counts = (
+        st.runs,
+        st.fired,
+        st.succeeded,
+        st.failed,
+        st.skipped,
+        st.active,
+    );
+    assert_eq!(counts, (4, 3, 1, 1, 1, 1));
+    assert_eq!((st.timed_out, st.cancelled), (0, 0));
+    let lateness = (st.lateness_runs, st.lateness_ms_p50, st.lateness_ms_p99);
+    assert_eq!(lateness, (3, 0, 200), "skipped runs have no lateness");
+    assert_eq!(st.oldest_scheduled_at_ms, Some(T0 + 1000));
+    let last = st.last_run.expect("a last run");
+    assert_eq!(
+        (last.id, last.state),
+        (rid("a", T0 + 4000), RunState::Pending)
+    );
+    assert_eq!(stats::job_stats(&sim.view, "b"), stats::JobStats::default());
+}
+
+#[test]
+fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
+    let mut sim = sim_with(every("a", 3_600_000));
+    let n = stats::PAGE_RUNS + 500;
+    for i in 0..n as i64 {
+        sim.exec(trigger("a", T0 + 1000 + i));
+    }
+    let st = stats::job_stats(&sim.view, "a");
+    assert_eq!(
+        (st.runs, st.fired, st.active),
+        (n as u64, n as u64, n as u64)
+    );
+    assert_eq!(st.lateness_runs as usize, stats::LATENESS_RUNS);
+    let last = st.last_run.expect("a last run");
+    assert_eq!(last.id, rid("a", T0 + 1000 + n as i64 - 1));
 }

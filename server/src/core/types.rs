@@ -134,6 +134,16 @@ pub enum Misfire {
     Skip,
 }
 
+impl Misfire {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Misfire::FireAll => "fire-all",
+            Misfire::FireOnce => "fire-once",
+            Misfire::Skip => "skip",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum Overlap {
     #[default]

@@ -86,6 +86,11 @@ impl<'a, V: StateView + ?Sized> Overlay<'a, V> {
         self.pending.is_empty()
     }
 
+    /// Keys written (put or deleted) so far.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
     /// The net change, by key.
     pub fn into_pending(self) -> Pending {
         self.pending

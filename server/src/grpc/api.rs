@@ -10,7 +10,7 @@ use kairos_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::auth::{authorize, hash_secret, Need};
-use super::convert::{job_out, page_size, run_out, schedule_in, spec_in};
+use super::convert::{job_out, job_stats_out, page_size, run_out, schedule_in, spec_in};
 use super::{error, forwarded, read_barrier, route, write_now_ms};
 use crate::backup;
 use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
@@ -97,6 +97,17 @@ impl Api {
 
 #[tonic::async_trait]
 impl pb::jobs_server::Jobs for Api {
+    type WatchStream = super::watch::WatchStream;
+
+    /// Served here, never forwarded: every node holds the same events.
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        authorize(&self.node, &req, Need::Read)?;
+        super::watch::start(self.node.sm.watch(), req.into_inner())
+    }
+
     async fn create_job(
         &self,
         req: Request<pb::CreateJobRequest>,
@@ -147,6 +158,21 @@ impl pb::jobs_server::Jobs for Api {
             })
             .collect();
         Ok(Response::new(pb::JobHistoryResponse { revisions }))
+    }
+
+    async fn job_stats(
+        &self,
+        req: Request<pb::JobRef>,
+    ) -> Result<Response<pb::JobStatsResponse>, Status> {
+        forward!(self, req, Need::Read, JobsClient, job_stats);
+        read_barrier(&self.node, &req).await?;
+        let id = req.into_inner().id;
+        Self::job_id(&id)?;
+        if self.node.sm.get_job(&id).is_none() {
+            return Err(Status::not_found(format!("job {id:?} not found")));
+        }
+        let st = self.node.sm.job_stats(&id);
+        Ok(Response::new(job_stats_out(&id, &st)))
     }
 
     async fn get_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {

@@ -3,6 +3,7 @@
 use kairos_proto::v1 as pb;
 use tonic::Status;
 
+use crate::core::stats::JobStats;
 use crate::core::{
     limits, Fanout, Job, JobSpec, Misfire, Overlap, Policy, Route, Run, RunState, ScheduleInput,
 };
@@ -248,6 +249,25 @@ pub fn run_out(r: &Run) -> pb::Run {
 }
 
 /// Page size rule shared by every list call.
+pub fn job_stats_out(job: &str, st: &JobStats) -> pb::JobStatsResponse {
+    pb::JobStatsResponse {
+        job: job.to_string(),
+        runs: st.runs,
+        fired: st.fired,
+        succeeded: st.succeeded,
+        failed: st.failed,
+        timed_out: st.timed_out,
+        cancelled: st.cancelled,
+        skipped: st.skipped,
+        active: st.active,
+        lateness_runs: st.lateness_runs,
+        lateness_ms_p50: st.lateness_ms_p50,
+        lateness_ms_p99: st.lateness_ms_p99,
+        oldest_scheduled_at_ms: st.oldest_scheduled_at_ms.unwrap_or(0),
+        last_run: st.last_run.as_ref().map(run_out),
+    }
+}
+
 pub fn page_size(requested: u32) -> Result<usize, Status> {
     match requested as usize {
         0 => Ok(limits::PAGE_SIZE_DEFAULT),
@@ -257,4 +277,54 @@ pub fn page_size(requested: u32) -> Result<usize, Status> {
             limits::PAGE_SIZE_MAX
         ))),
     }
+}
+
+pub fn watch_event_out(e: &crate::watch::Event) -> pb::WatchEvent {
+    use crate::core::JobChange as J;
+    use crate::watch::Change;
+    use pb::WatchEventKind as K;
+    let mut out = pb::WatchEvent {
+        index: e.at.index,
+        seq: e.at.seq,
+        job: e.job.clone(),
+        group: e.group.clone(),
+        ..Default::default()
+    };
+    let (kind, run) = match &e.change {
+        Change::Job(c) => {
+            let kind = match c {
+                J::Created => K::JobCreated,
+                J::Updated => K::JobUpdated,
+                J::Deleted => K::JobDeleted,
+                J::Paused => K::JobPaused,
+                J::Resumed => K::JobResumed,
+            };
+            (kind, None)
+        }
+        Change::Fired { run, attempt } => (K::RunFired, Some((run, *attempt))),
+        Change::Assigned {
+            run,
+            attempt,
+            worker,
+        } => {
+            out.worker = worker.clone();
+            (K::RunAssigned, Some((run, *attempt)))
+        }
+        Change::Finished {
+            run,
+            attempt,
+            worker,
+            outcome,
+        } => {
+            out.worker = worker.clone();
+            out.outcome = run_state_out(*outcome) as i32;
+            (K::RunFinished, Some((run, *attempt)))
+        }
+    };
+    out.kind = kind as i32;
+    if let Some((run, attempt)) = run {
+        out.run_id = run.to_string();
+        out.attempt = attempt;
+    }
+    out
 }

@@ -190,6 +190,7 @@ struct State {
 pub struct Handed {
     pub run: RunId,
     pub attempt: u32,
+    pub group: String,
     pub worker: String,
     /// How long it waited here between ready and handed.
     pub waited: Duration,
@@ -633,6 +634,7 @@ impl State {
         handed.push(Handed {
             run: item.run.clone(),
             attempt: item.attempt,
+            group: g.to_string(),
             worker: w.id.clone(),
             waited: item.ready_at.elapsed(),
         });

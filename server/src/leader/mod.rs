@@ -17,8 +17,9 @@ use rand::Rng;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::time::sleep;
 
-use crate::core::{limits, Command, Effect, Response, WheelKey};
+use crate::core::{limits, Command, Effect, ReadyRun, Response, WheelKey};
 use crate::node::Node;
+use crate::runlog;
 use wheel::TimingWheel;
 
 /// How far ahead the in-memory wheel holds entries.
@@ -316,17 +317,30 @@ impl Term {
                     }
                 }
                 Effect::Ready(r) => {
-                    if r.attempt == 1 {
-                        let late = self.node.clock.now_ms() - r.run.scheduled_at_ms;
-                        self.node.metrics.fired(&r.group, late);
-                    }
+                    self.on_ready(r);
                     d.ready(r.clone())
                 }
                 Effect::Ended { run, attempt } => d.ended(run, *attempt),
                 Effect::Cancel { run, attempt } => d.cancel(run, *attempt),
+                Effect::Finished(f) => {
+                    self.node.metrics.finished(&f.group, f.outcome);
+                    runlog::finished(f);
+                }
+                Effect::Misfired { group, policy } => self.node.metrics.misfired(group, *policy),
+                // For watchers only (`watch.rs`).
+                Effect::JobChanged { .. } | Effect::Assigned { .. } => {}
             }
         }
         self.node.dispatch_now();
+    }
+
+    /// Counts and logs an attempt that became ready (the fire, or a retry).
+    fn on_ready(&self, r: &ReadyRun) {
+        let late_ms = self.node.clock.now_ms() - r.run.scheduled_at_ms;
+        if r.attempt == 1 {
+            self.node.metrics.fired(&r.group, late_ms);
+        }
+        runlog::ready(r, late_ms);
     }
 
     fn expire_leases(&self) {

@@ -13,6 +13,7 @@ use super::kv::KvTree;
 use super::StoreError;
 use crate::core::codec::{decode, encode};
 use crate::core::Write;
+use crate::metrics::Metrics;
 use crate::raft::{Entry, LogId, StorageError, TypeConfig, Vote};
 
 const KEY_VOTE: &[u8] = b"vote";
@@ -24,6 +25,8 @@ pub struct LogStore {
     db: Arc<sled::Db>,
     log: Arc<sled::Tree>,
     meta: Arc<sled::Tree>,
+    /// Where append times and the commit index are reported.
+    metrics: Arc<Metrics>,
 }
 
 fn io_err(
@@ -43,10 +46,15 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError {
 }
 
 impl LogStore {
-    pub fn open(db: Arc<sled::Db>) -> Result<Self, StoreError> {
+    pub fn open(db: Arc<sled::Db>, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
         let log = Arc::new(db.open_tree("raft_log")?);
         let meta = Arc::new(db.open_tree("raft_meta")?);
-        Ok(LogStore { db, log, meta })
+        Ok(LogStore {
+            db,
+            log,
+            meta,
+            metrics,
+        })
     }
 
     fn meta_get<T: serde::de::DeserializeOwned>(
@@ -130,6 +138,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        self.metrics
+            .set_commit_index(committed.map_or(0, |c| c.index));
         // Not fsynced on its own: it is an optimisation for restart, and rides the next flush.
         self.meta
             .insert(KEY_COMMITTED, encode(&committed))
@@ -150,6 +160,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let start = std::time::Instant::now();
         let entries: Vec<Entry> = entries.into_iter().collect();
         if let Some(n) = crate::failpoint::value("stall-log-after") {
             if entries.iter().any(|e| e.log_id.index > n) {
@@ -168,6 +179,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .map(|_| ())
             .map_err(std::io::Error::other);
+        self.metrics.log_appended(start.elapsed());
         callback.log_io_completed(res);
         Ok(())
     }

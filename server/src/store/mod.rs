@@ -41,7 +41,7 @@ pub fn open(
         .cache_capacity(cache_bytes)
         .open()?;
     let db = Arc::new(db);
-    let log = LogStore::open(db.clone())?;
+    let log = LogStore::open(db.clone(), sm_opts.metrics.clone())?;
     let sm = StateMachine::open(db, dir, sm_opts)?;
     Ok((log, sm))
 }

@@ -13,7 +13,7 @@
 //! (`snapfile`), never held whole in memory.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
@@ -31,9 +31,25 @@ use crate::core::{Layered, Pending};
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
+use crate::watch::{self, Hub};
 
 /// Effects of one applied batch, for the leader's tasks.
 pub type EffectBatch = Arc<Vec<Effect>>;
+
+/// What applying a batch of entries gives back, gathered chunk by chunk.
+struct Applied {
+    responses: Vec<Response>,
+    effects: Vec<Effect>,
+    /// The joint-configuration failpoint fired.
+    crash: bool,
+    /// Per entry of the chunk being applied, for the watch ring.
+    watched: Vec<watch::Applied>,
+}
+
+/// The entry after `applied` (0 before any).
+fn next_index(applied: Option<LogId>) -> u64 {
+    applied.map_or(0, |l| l.index + 1)
+}
 
 /// A read of the applied state (memory over sled). Holds a read lock on
 /// the state held in memory: keep it for one query, not across an await.
@@ -60,6 +76,8 @@ pub struct Options {
     /// Applied state is written to sled at least this often (0: after
     /// every applied batch). See [`StateMachine::run_flusher`].
     pub flush_ms: u64,
+    /// Events the watch ring holds (`--watch-events`).
+    pub watch_events: usize,
 }
 
 impl Default for Options {
@@ -68,6 +86,7 @@ impl Default for Options {
             effect_capacity: 4096,
             metrics: Arc::default(),
             flush_ms: FLUSH_MS_DEFAULT,
+            watch_events: crate::watch::RING_EVENTS_DEFAULT,
         }
     }
 }
@@ -77,7 +96,7 @@ pub const FLUSH_MS_DEFAULT: u64 = 100;
 /// Largest `--flush-ms`.
 pub const FLUSH_MS_MAX: u64 = 60_000;
 /// Applied keys held in memory after which apply flushes at once.
-pub const FLUSH_KEYS: usize = 16_384;
+pub const FLUSH_KEYS: usize = 4_096;
 /// Applied bytes (keys and values) held in memory after which apply flushes at once.
 pub const FLUSH_BYTES: usize = 32 << 20;
 
@@ -121,8 +140,13 @@ struct Inner {
     dirty: parking_lot::RwLock<Dirty>,
     flush_ms: u64,
     /// State keys written to or deleted from sled since open (for benchmarks).
-    writes_total: std::sync::atomic::AtomicU64,
+    writes_total: AtomicU64,
     metrics: Arc<crate::metrics::Metrics>,
+    /// Entries in the durable wheel index: counted once at open and after
+    /// a snapshot install, then kept in step by each applied batch.
+    pending_timers: AtomicU64,
+    /// Watch events of the entries applied since open (not replicated).
+    watch: Arc<Hub>,
     /// Why this node stopped applying (an entry or snapshot it does not
     /// read), for `LocalStatus`: Raft stops there, the process serves on.
     refusal: std::sync::Mutex<Option<String>>,
@@ -155,6 +179,12 @@ impl StateMachine {
             );
         }
         let (effects, _) = broadcast::channel(opts.effect_capacity);
+        let pending_timers = AtomicU64::new(count_wheel(&tree));
+        // Entries up to what sled holds were applied by an earlier process:
+        // their events are gone.
+        let persisted: Option<LogId> =
+            KvTree::get(&tree, keys::META_LAST_APPLIED)?.and_then(|raw| decode(&raw).ok());
+        let watch = Arc::new(Hub::new(opts.watch_events, next_index(persisted)));
         let inner = Inner {
             db,
             tree,
@@ -165,6 +195,8 @@ impl StateMachine {
             flush_ms: opts.flush_ms,
             writes_total: Default::default(),
             metrics: opts.metrics,
+            pending_timers,
+            watch,
             refusal: std::sync::Mutex::default(),
         };
         Ok(StateMachine {
@@ -183,8 +215,18 @@ impl StateMachine {
         Ok(applied.response)
     }
 
+    /// Timers in the durable wheel index (occurrences and retries).
+    pub fn pending_timers(&self) -> u64 {
+        self.inner.pending_timers.load(Ordering::Relaxed)
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<EffectBatch> {
         self.inner.effects.subscribe()
+    }
+
+    /// The watch ring of this node.
+    pub fn watch(&self) -> &Arc<Hub> {
+        &self.inner.watch
     }
 
     /// The applied state: what is held in memory over what is in sled.
@@ -291,6 +333,11 @@ impl StateMachine {
         self.meta(&keys::run(id))
     }
 
+    /// Statistics over the job's kept run history (one pass over it).
+    pub fn job_stats(&self, job: &str) -> core::stats::JobStats {
+        core::stats::job_stats(&self.view(), job)
+    }
+
     /// Runs of `job` scheduled strictly after `after_ms`, in scheduled order.
     pub fn list_runs(&self, job: &str, after_ms: i64, limit: usize) -> Vec<Run> {
         if after_ms == i64::MAX {
@@ -386,76 +433,100 @@ impl StateMachine {
     }
 
     /// Applies `entries` in order into memory and returns their responses
-    /// and effects; flushes when the held state is past its bounds (or
-    /// always, with `flush_ms` 0). A batch holding an entry of a format this
-    /// binary cannot read is refused whole.
+    /// and effects. Entries are taken in chunks that end once the state held
+    /// in memory reaches [`FLUSH_KEYS`] (at an entry boundary); a full chunk
+    /// is flushed at once (every chunk, with `flush_ms` 0). An entry of a
+    /// format this binary cannot read stops apply there, its chunk unapplied.
     fn apply_entries(
         &self,
         entries: Vec<Entry>,
     ) -> Result<(Vec<Response>, Vec<Effect>), StorageError> {
-        let mut responses = Vec::with_capacity(entries.len());
-        let mut effects = Vec::new();
-        let mut crash = false;
-        let mut refused = None;
-        let net = {
-            let dirty = self.inner.dirty.read_recursive();
-            let tree = TreeView(&self.inner.tree);
-            let state = Layered::new(&dirty.pending, &tree);
-            let mut overlay = Overlay::new(&state);
-            let mut last = None;
-            for entry in entries {
-                match entry.payload {
-                    EntryPayload::Blank => responses.push(Response::Empty),
-                    EntryPayload::Membership(m) => {
-                        crash |= m.get_joint_config().len() > 1
-                            && crate::failpoint::on("crash-on-joint");
-                        let stored = StoredMembership::new(Some(entry.log_id), m);
-                        overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
-                        responses.push(Response::Empty);
-                    }
-                    EntryPayload::Normal(logged) => match logged.command(entry.log_id.index) {
-                        Ok(cmd) => {
-                            let applied = core::apply(&overlay, &cmd);
-                            for w in applied.writes {
-                                match w {
-                                    core::Write::Put(k, v) => overlay.put(k, v),
-                                    core::Write::Delete(k) => overlay.delete(k),
-                                }
-                            }
-                            effects.extend(applied.effects);
-                            responses.push(applied.response);
-                        }
-                        Err(e) => {
-                            refused = Some((entry.log_id, e));
-                            break;
-                        }
-                    },
-                }
-                last = Some(entry.log_id);
-            }
-            if let Some(last) = last {
-                overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
-            }
-            overlay.into_pending()
+        let mut out = Applied {
+            responses: Vec::with_capacity(entries.len()),
+            effects: Vec::new(),
+            crash: false,
+            watched: Vec::new(),
         };
-        if let Some((log_id, e)) = refused {
-            // Nothing of this batch is applied: the node stops here, and
-            // meets the same batch again after a restart.
-            self.refuse(format!("refusing to apply: {e}"));
-            return Err(StorageIOError::apply(log_id, openraft::AnyError::new(&e)).into());
+        let mut entries = entries.into_iter().peekable();
+        while entries.peek().is_some() {
+            let net = self.apply_chunk(&mut entries, &mut out)?;
+            let full = {
+                let mut dirty = self.inner.dirty.write();
+                dirty.merge(net);
+                dirty.full() || self.inner.flush_ms == 0
+            };
+            // Callers hold the apply lock: a snapshot install cannot come between.
+            self.inner.watch.push(std::mem::take(&mut out.watched));
+            if full {
+                self.flush_dirty().map_err(sm_err)?;
+            }
         }
-        let full = {
-            let mut dirty = self.inner.dirty.write();
-            dirty.merge(net);
-            dirty.full() || self.inner.flush_ms == 0
-        };
-        if full {
-            self.flush_dirty().map_err(sm_err)?;
-        }
-        if crash {
+        if out.crash {
             crash_now("applied a joint configuration");
         }
-        Ok((responses, effects))
+        Ok((out.responses, out.effects))
+    }
+
+    /// Applies entries from `entries` over the state until what it would
+    /// hold in memory reaches [`FLUSH_KEYS`]; returns the chunk's net writes
+    /// (with its `last_applied`).
+    fn apply_chunk(
+        &self,
+        entries: &mut std::iter::Peekable<std::vec::IntoIter<Entry>>,
+        out: &mut Applied,
+    ) -> Result<Pending, StorageError> {
+        let dirty = self.inner.dirty.read_recursive();
+        let tree = TreeView(&self.inner.tree);
+        let state = Layered::new(&dirty.pending, &tree);
+        let mut overlay = Overlay::new(&state);
+        let mut last = None;
+        while last.is_none() || dirty.pending.len() + overlay.len() < FLUSH_KEYS {
+            let Some(entry) = entries.next() else {
+                break;
+            };
+            match entry.payload {
+                EntryPayload::Blank => {
+                    out.watched
+                        .push(watch::Applied::new(entry.log_id.index, &[]));
+                    out.responses.push(Response::Empty)
+                }
+                EntryPayload::Membership(m) => {
+                    out.crash |=
+                        m.get_joint_config().len() > 1 && crate::failpoint::on("crash-on-joint");
+                    let stored = StoredMembership::new(Some(entry.log_id), m);
+                    overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
+                    out.watched
+                        .push(watch::Applied::new(entry.log_id.index, &[]));
+                    out.responses.push(Response::Empty);
+                }
+                EntryPayload::Normal(logged) => {
+                    let cmd = logged.command(entry.log_id.index).map_err(|e| {
+                        // The node stops here, and meets this entry again after a restart.
+                        self.refuse(format!("refusing to apply: {e}"));
+                        StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
+                    })?;
+                    let applied = core::apply(&overlay, &cmd);
+                    for w in applied.writes {
+                        match w {
+                            core::Write::Put(k, v) => overlay.put(k, v),
+                            core::Write::Delete(k) => overlay.delete(k),
+                        }
+                    }
+                    let index = entry.log_id.index;
+                    out.watched
+                        .push(watch::Applied::new(index, &applied.effects));
+                    out.effects.extend(applied.effects);
+                    out.responses.push(applied.response);
+                }
+            }
+            last = Some(entry.log_id);
+        }
+        if let Some(last) = last {
+            overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
+        }
+        let net = overlay.into_pending();
+        self.count_timers(&net, &state);
+        Ok(net)
     }
 
     /// Writes the applied state held in memory to sled in one atomic batch,
@@ -482,6 +553,28 @@ impl StateMachine {
         *self.inner.dirty.write() = Dirty::default();
         (self.inner.writes_total).fetch_add(written as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Keeps the wheel count in step with a batch's net writes `net` to
+    /// `state` (before them): a put of a wheel key not there adds one, a
+    /// delete of one there removes one.
+    fn count_timers(&self, net: &Pending, state: &impl StateView) {
+        let (mut added, mut removed) = (0u64, 0u64);
+        let wheel = [keys::WHEEL];
+        let end = [keys::WHEEL + 1];
+        for (k, v) in net.range::<[u8], _>((
+            std::ops::Bound::Included(&wheel[..]),
+            std::ops::Bound::Excluded(&end[..]),
+        )) {
+            let there = state.get(k).is_some();
+            match v {
+                Some(_) => added += u64::from(!there),
+                None => removed += u64::from(there),
+            }
+        }
+        let n = &self.inner.pending_timers;
+        n.fetch_add(added, Ordering::Relaxed);
+        n.fetch_sub(removed.min(n.load(Ordering::Relaxed)), Ordering::Relaxed);
     }
 
     /// Applied keys held in memory, not yet written to sled.
@@ -590,6 +683,11 @@ fn record_tzdata(local: &sled::Tree) -> Result<Option<String>, StoreError> {
         local.insert(keys::META_TZDATA, now.as_bytes())?;
     }
     Ok(before.filter(|b| b != now))
+}
+
+/// Keys in the durable wheel index (one pass, at open and after an install).
+fn count_wheel(tree: &sled::Tree) -> u64 {
+    tree.scan_prefix([keys::WHEEL]).keys().count() as u64
 }
 
 /// Runs blocking file and tree work off the async workers.
@@ -813,7 +911,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // The snapshot replaces the state, including what is held in memory.
         *self.inner.dirty.write() = Dirty::default();
         let (tree, path) = (self.inner.tree.clone(), self.inner.snapshot_path.clone());
-        blocking(move || install(&tree, &recv, &path)).await
+        let count = blocking(move || {
+            install(&tree, &recv, &path)?;
+            Ok(count_wheel(&tree))
+        })
+        .await?;
+        self.inner.pending_timers.store(count, Ordering::Relaxed);
+        // The state jumped: the ring starts after the snapshot.
+        self.inner.watch.reset(next_index(meta.last_log_id));
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
@@ -937,6 +1043,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_long_batch_is_applied_in_chunks_each_flushed_past_the_key_bound() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(a_dir.path());
+        sm.apply((1..=3000).map(create)).await.unwrap();
+        let persisted = sm.persisted_applied().map_or(0, |l| l.index);
+        assert!(
+            (1..3000).contains(&persisted),
+            "flushed mid-batch at an entry boundary, got {persisted}"
+        );
+        assert!(sm.unflushed_keys() < FLUSH_KEYS);
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(3000));
+        let mut every = open_flushing_every(b_dir.path(), 0);
+        every.apply((1..=3000).map(create)).await.unwrap();
+        assert_eq!(sm.digest().await, every.digest().await);
+    }
+
+    #[tokio::test]
     async fn a_crash_before_the_flush_is_made_good_by_applying_the_log_again() {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut crashed = open_windowed(a_dir.path());
@@ -971,6 +1094,51 @@ mod tests {
             .unwrap();
         assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(5));
         assert_eq!(sm.persisted_applied(), snap.meta.last_log_id);
+    }
+
+    /// The (index, seq, job) of every event `sm` holds from `from` on.
+    fn watched(sm: &StateMachine, from: u64) -> Result<Vec<(u64, u32, String)>, u64> {
+        let at = watch::Position {
+            index: from,
+            seq: 0,
+        };
+        let read = sm.watch().read(at, &Default::default(), usize::MAX);
+        let events = read.map_err(|c| c.oldest)?.events;
+        Ok(events
+            .into_iter()
+            .map(|e| (e.at.index, e.at.seq, e.job))
+            .collect())
+    }
+
+    #[tokio::test]
+    async fn watch_events_carry_their_entry_index_and_a_restart_or_install_compacts_the_ring() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(a_dir.path());
+        sm.apply((1..=2).map(create)).await.unwrap();
+        sm.flush().await.unwrap();
+        sm.apply([delete(3, 1)]).await.unwrap();
+        let want = |i: u64, id: u64| (i, 0, format!("job-{id}"));
+        assert_eq!(
+            watched(&sm, 0),
+            Ok(vec![want(1, 1), want(2, 2), want(3, 1)])
+        );
+        assert_eq!(watched(&sm, 3), Ok(vec![want(3, 1)]));
+        drop(sm);
+        // Entries up to the flushed index were applied by the old process.
+        let mut restarted = open_windowed(a_dir.path());
+        assert_eq!(watched(&restarted, 2), Err(3));
+        restarted.apply([delete(3, 1)]).await.unwrap();
+        assert_eq!(watched(&restarted, 3), Ok(vec![want(3, 1)]));
+
+        let (_, snap) = node_with_snapshot(b_dir.path(), 5).await;
+        let meta = snap.meta.clone();
+        let rx = receive(&mut restarted, snap).await;
+        restarted.install_snapshot(&meta, rx).await.unwrap();
+        assert_eq!(
+            watched(&restarted, 3),
+            Err(6),
+            "the ring starts after the snapshot"
+        );
     }
 
     /// A node with `jobs` applied and the snapshot it built.

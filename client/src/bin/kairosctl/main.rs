@@ -2,6 +2,7 @@
 //! Human tables by default, `--output json` for scripts.
 
 mod exec;
+mod watch;
 
 use std::time::Duration;
 
@@ -66,6 +67,9 @@ enum Cmd {
     /// Schedules without a job.
     #[command(subcommand)]
     Schedule(ScheduleCmd),
+    /// Follow job changes and run transitions as they are applied (resumes
+    /// on the next endpoint if the node goes away).
+    Watch(watch::WatchArgs),
     /// Run a ready worker for a group. WARNING: it EXECUTES whatever the jobs
     /// of that group send it (`--exec shell` runs the payload with `sh -c`).
     Worker(exec::WorkerArgs),
@@ -126,6 +130,11 @@ enum JobCmd {
     },
     /// Who changed the job and when (create, update, pause, resume, delete).
     History {
+        id: String,
+    },
+    /// Runs by outcome, lateness p50/p99 of the latest 100 fires, and the
+    /// last run, over the job's kept run history.
+    Stats {
         id: String,
     },
 }
@@ -759,6 +768,45 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
     }
 }
 
+fn print_job_stats(out: Output, st: &pb::JobStatsResponse) {
+    let v = json!({
+        "job": st.job, "runs": st.runs, "fired": st.fired, "succeeded": st.succeeded,
+        "failed": st.failed, "timed_out": st.timed_out, "cancelled": st.cancelled,
+        "skipped": st.skipped, "active": st.active, "lateness_runs": st.lateness_runs,
+        "lateness_ms_p50": st.lateness_ms_p50, "lateness_ms_p99": st.lateness_ms_p99,
+        "oldest_scheduled_at_ms": st.oldest_scheduled_at_ms,
+        "last_run": st.last_run.as_ref().map(run_json),
+    });
+    let last = match &st.last_run {
+        Some(r) => format!(
+            "{} {} (attempt {})",
+            r.run_id,
+            run_state(r.state),
+            r.attempt
+        ),
+        None => "-".into(),
+    };
+    let text = format!(
+        "job        {}\nruns       {} kept since {}\nfired      {}\nsucceeded  {}\n\
+         failed     {}\ntimed out  {}\ncancelled  {}\nskipped    {}\nactive     {}\n\
+         late       p50 {} ms, p99 {} ms (latest {} fires)\nlast run   {last}",
+        st.job,
+        st.runs,
+        time_text(st.oldest_scheduled_at_ms),
+        st.fired,
+        st.succeeded,
+        st.failed,
+        st.timed_out,
+        st.cancelled,
+        st.skipped,
+        st.active,
+        st.lateness_ms_p50,
+        st.lateness_ms_p99,
+        st.lateness_runs
+    );
+    print_value(out, v, &text);
+}
+
 fn print_runs(out: Output, runs: &[pb::Run]) {
     if out == Output::Json {
         println!("{}", Value::Array(runs.iter().map(run_json).collect()));
@@ -873,6 +921,16 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
                 count,
             };
             next_fires(c, out, req).await?;
+        }
+        JobCmd::Stats { id } => {
+            let req = by_id(&id);
+            let st = c
+                .jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.job_stats(r).await }
+                })
+                .await?;
+            print_job_stats(out, &st);
         }
         JobCmd::History { id } => {
             let req = pb::JobRef { id };
@@ -1098,6 +1156,7 @@ async fn main() {
             next_fires(&client, cli.output, req).await
         }
         Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
+        Cmd::Watch(w) => watch::run(&client, cli.output == Output::Json, w).await,
     };
     if let Err(e) = res {
         match e.downcast_ref::<tonic::Status>() {

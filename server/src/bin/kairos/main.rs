@@ -217,12 +217,39 @@ pub struct ServeArgs {
     /// it is refused, unwritten.
     #[arg(long, env = "KAIROS_ADMIT_MAX_WAIT_MS", default_value_t = Bounds::default().max_wait_ms)]
     admit_max_wait_ms: u64,
+    /// Log lines as `text` (human) or `json` (one object per line, with the
+    /// `run` span's fields: run, attempt, job, group, worker).
+    #[arg(long, env = "KAIROS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Applied state is written to the store at least this often (0..60000
     /// ms; 0 writes after every applied batch). The log is what makes it
     /// durable: after a crash the node applies the log again from what was
     /// written.
     #[arg(long, env = "KAIROS_FLUSH_MS", default_value_t = kairos_server::store::sm::FLUSH_MS_DEFAULT)]
     flush_ms: u64,
+    /// Watch events this node keeps in memory for `Jobs.Watch` (16..10000000);
+    /// a watch asking for an older position gets "compacted — re-list".
+    #[arg(long, env = "KAIROS_WATCH_EVENTS", default_value_t = kairos_server::watch::RING_EVENTS_DEFAULT)]
+    watch_events: usize,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs go to stderr; `RUST_LOG` overrides the default filter.
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,openraft=warn,sled=warn,h2=warn,tower=warn".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
 }
 
 fn parse_peers(list: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -323,6 +350,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     config.join = a.join.clone();
     config.queue_max = a.queue_max;
     config.flush_ms = a.flush_ms;
+    config.watch_events = a.watch_events;
     config.admission = Bounds {
         max_commands: a.admit_max_commands,
         max_bytes: a.admit_max_kb.saturating_mul(1024),
@@ -351,11 +379,15 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     Ok((config, peer_listen))
 }
 
+/// The `serve` arguments with the `--config` file under them.
+fn with_config_file(a: ServeArgs) -> anyhow::Result<ServeArgs> {
+    match &a.config {
+        Some(path) => config::with_file(path, config::serve_cli_args()),
+        None => Ok(a),
+    }
+}
+
 async fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    let a = match &a.config {
-        Some(path) => config::with_file(path, config::serve_cli_args())?,
-        None => a,
-    };
     let (config, peer_listen) = node_config(&a)?;
     let grpc = tokio::net::TcpListener::bind(a.listen)
         .await
@@ -373,26 +405,30 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,openraft=warn,sled=warn,h2=warn,tower=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let cmd = match cli.cmd {
+        Some(cmd) => cmd,
+        None => Cli::parse_from(["kairos", "serve"])
+            .cmd
+            .expect("`kairos serve` parses as Serve"),
+    };
+    // The config file may set the log format, so it is read first.
+    let cmd = match cmd {
+        Cmd::Serve(a) => Cmd::Serve(with_config_file(a)?),
+        other => other,
+    };
+    init_logging(match &cmd {
+        Cmd::Serve(a) => a.log_format,
+        _ => LogFormat::Text,
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    match cli.cmd {
-        None => match Cli::parse_from(["kairos", "serve"]).cmd {
-            Some(Cmd::Serve(a)) => rt.block_on(serve(a)),
-            _ => unreachable!("`kairos serve` parses as Serve"),
-        },
-        Some(Cmd::Serve(a)) => rt.block_on(serve(a)),
-        Some(Cmd::Playground(p)) => rt.block_on(playground::run(p)),
-        Some(Cmd::Snapshot(SnapshotCmd::Inspect { file })) => inspect(&file),
-        Some(Cmd::Restore { from, data_dir }) => {
+    match cmd {
+        Cmd::Serve(a) => rt.block_on(serve(a)),
+        Cmd::Playground(p) => rt.block_on(playground::run(p)),
+        Cmd::Snapshot(SnapshotCmd::Inspect { file }) => inspect(&file),
+        Cmd::Restore { from, data_dir } => {
             let r = kairos_server::backup::restore_offline(&from, &data_dir)?;
             println!(
                 "{}: {} records restored from {} (backup of log index {})",
@@ -403,13 +439,13 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Some(Cmd::Config(ConfigCmd::Check { file })) => {
+        Cmd::Config(ConfigCmd::Check { file }) => {
             let a = config::with_file(&file, Vec::new())?;
             node_config(&a)?;
             println!("{}: ok", file.display());
             Ok(())
         }
-        Some(Cmd::Certs(CertsCmd::Init { out, nodes, hosts })) => {
+        Cmd::Certs(CertsCmd::Init { out, nodes, hosts }) => {
             for f in kairos_server::tls::init(&out, nodes, &hosts)? {
                 println!("{}", f.display());
             }
