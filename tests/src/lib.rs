@@ -121,11 +121,29 @@ fn build_bin(dir: &std::path::Path, package: &str, bin: &str) {
     assert!(status.success(), "building the {bin} binary failed");
 }
 
+/// A free loopback port below Linux's ephemeral range (32768–60999): a port
+/// taken from that range can be handed to some outgoing connection's local
+/// end before the node binds it ("address in use" at start). Random start,
+/// a bind to check it is free, never the same port twice in one process.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    use std::hash::{BuildHasher, Hasher};
+    static GIVEN: std::sync::Mutex<Option<std::collections::HashSet<u16>>> =
+        std::sync::Mutex::new(None);
+    const LOW: u64 = 10_000;
+    const SPAN: u64 = 22_000;
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(Default::default);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let start = h.finish();
+    for i in 0..SPAN {
+        let port = (LOW + (start + i) % SPAN) as u16;
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
 pub struct NodeProc {
@@ -442,8 +460,18 @@ impl Drop for Cluster {
             // The failing test's evidence: each node's last log lines.
             for n in &mut self.nodes {
                 let log = std::fs::read_to_string(n.data.with_extension("log")).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                eprintln!("--- node {} log (last 40 lines) ---", n.id);
+                // Backtrace frames left out, so the error above them shows.
+                let frame = |l: &&str| {
+                    let t = l.trim_start();
+                    t.starts_with("at ")
+                        || t.split_once(": ")
+                            .is_some_and(|(n, _)| n.parse::<u32>().is_ok())
+                };
+                let tail: Vec<&str> = log.lines().filter(|l| !frame(l)).rev().take(40).collect();
+                eprintln!(
+                    "--- node {} log (last 40 lines, backtrace frames left out) ---",
+                    n.id
+                );
                 eprintln!("(process: {})", process_state(n.child.as_mut()));
                 tail.iter().rev().for_each(|l| eprintln!("{l}"));
             }

@@ -178,7 +178,8 @@ async fn transfer_to_a_named_voter_and_refusals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfer_in_a_five_voter_cluster() {
     let cluster = Cluster::start(5, &[]);
-    let leader = cluster.wait_leader().await;
+    // As above: a second startup election must not race the first transfer.
+    let leader = stable_leader(&cluster, &[1, 2, 3, 4, 5]).await;
     let c = cluster.client();
     for target in (1..=5).filter(|id| *id != leader).take(2) {
         let r = transfer(&c, target).await.unwrap();
