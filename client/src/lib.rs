@@ -22,6 +22,10 @@ pub const LEADER_HEADER: &str = "x-kairos-leader";
 /// Metadata key with which an overloaded leader says how many milliseconds
 /// to wait before retrying a refused (`RESOURCE_EXHAUSTED`) write.
 pub const RETRY_AFTER_HEADER: &str = "retry-after-ms";
+/// Metadata of a watch's "compacted" error: the oldest log index the node holds.
+pub const OLDEST_INDEX_HEADER: &str = "x-kairos-oldest-index";
+/// Response metadata of a watch: the log index its stream starts at.
+pub const WATCH_FROM_INDEX_HEADER: &str = "x-kairos-watch-from-index";
 /// Metadata key that asks a node for its local state (no forwarding).
 pub const LOCAL_HEADER: &str = "x-kairos-local";
 

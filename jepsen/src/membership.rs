@@ -547,7 +547,7 @@ mod tests {
                 })
                 .collect(),
             membership_changing: changing,
-            firing: None,
+            ..Default::default()
         }
     }
 

@@ -7,6 +7,7 @@ pub mod admission;
 pub mod backup;
 pub mod clock;
 pub mod core;
+pub mod failpoint;
 pub mod grpc;
 pub mod handover;
 pub mod http;
@@ -18,5 +19,7 @@ pub mod raft;
 pub mod runlog;
 pub mod store;
 pub mod tls;
+pub mod upgrade;
+pub mod watch;
 
 pub use node::{run, Config};

@@ -99,6 +99,8 @@ pub struct Metrics {
     refused_writes: Counter,
     state_writes: Counter,
     unflushed_keys: Gauge,
+    watchers: Gauge,
+    watch_oldest_index: Gauge,
     /// One scrape at a time: levels are cleared and re-read, counters kept
     /// elsewhere are caught up.
     rendering: Mutex<()>,
@@ -145,6 +147,8 @@ impl Metrics {
             refused_writes: Counter::default(),
             state_writes: Counter::default(),
             unflushed_keys: Gauge::default(),
+            watchers: Gauge::default(),
+            watch_oldest_index: Gauge::default(),
             rendering: Mutex::new(()),
         };
         m.register()
@@ -301,6 +305,16 @@ impl Metrics {
             "Applied state keys held in memory and not yet written to the store (the log holds them)",
             self.unflushed_keys.clone(),
         );
+        r.register(
+            "kairos_watchers",
+            "Watch streams this node serves",
+            self.watchers.clone(),
+        );
+        r.register(
+            "kairos_watch_oldest_index",
+            "Oldest log index whose events this node's watch ring holds (older positions are compacted)",
+            self.watch_oldest_index.clone(),
+        );
         self
     }
 
@@ -410,6 +424,9 @@ impl Metrics {
         catch_up(&self.state_writes, node.sm.writes_total());
         self.unflushed_keys
             .set(int(node.sm.unflushed_keys() as u64));
+        let watch = node.sm.watch();
+        self.watchers.set(int(watch.watchers() as u64));
+        self.watch_oldest_index.set(int(watch.bounds().0));
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {
             tracing::error!("encoding metrics: {e}");

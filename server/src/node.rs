@@ -18,7 +18,8 @@ use tonic::transport::Channel;
 
 use crate::admission::{self, Admission, Overloaded, Ticket};
 use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
-use crate::core::{limits, Command, CommandError, FinishReport, Response};
+use crate::core::command::FormatTooNew;
+use crate::core::{limits, Command, CommandError, FinishReport, Response, VersionedCommand};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::network::{self, Dialer, PeerRpc};
 use crate::raft::{LogId, NodeId, Raft};
@@ -57,6 +58,8 @@ pub struct Config {
     pub queue_max: usize,
     /// Applied state is written to sled at least this often (0: after each batch).
     pub flush_ms: u64,
+    /// Events the watch ring keeps (`--watch-events`).
+    pub watch_events: usize,
     /// When the leader refuses client writes (`RESOURCE_EXHAUSTED`).
     pub admission: admission::Bounds,
 }
@@ -90,6 +93,7 @@ impl Config {
             join: Vec::new(),
             queue_max: crate::leader::dispatch::QUEUE_MAX,
             flush_ms: store::sm::FLUSH_MS_DEFAULT,
+            watch_events: crate::watch::RING_EVENTS_DEFAULT,
             admission: admission::Bounds::default(),
         }
     }
@@ -124,6 +128,14 @@ impl Config {
             "flush-ms: must be between 0 and {}, got {}",
             store::sm::FLUSH_MS_MAX,
             self.flush_ms
+        );
+        anyhow::ensure!(
+            (crate::watch::RING_EVENTS_MIN..=crate::watch::RING_EVENTS_MAX)
+                .contains(&self.watch_events),
+            "watch-events: must be between {} and {}, got {}",
+            crate::watch::RING_EVENTS_MIN,
+            crate::watch::RING_EVENTS_MAX,
+            self.watch_events
         );
         anyhow::ensure!(
             (1..=crate::leader::dispatch::QUEUE_MAX).contains(&self.queue_max),
@@ -163,6 +175,9 @@ pub enum ProposeError {
     Timeout,
     #[error("raft: {0}")]
     Raft(String),
+    /// Some member could not read the entry this command needs.
+    #[error(transparent)]
+    Format(#[from] FormatTooNew),
     /// Refused by admission control before it was proposed: nothing was written.
     #[error(transparent)]
     Overloaded(#[from] Overloaded),
@@ -229,6 +244,10 @@ pub struct Node {
     /// follower's lease renewed) while the next leader catches up and is
     /// elected (see `handover`).
     pub(crate) handover_gate: tokio::sync::RwLock<()>,
+    /// Serialises raising the active log format with adding a learner, so
+    /// no member joins between the check that every member reads a format
+    /// and its activation (`upgrade`).
+    pub(crate) format_change: tokio::sync::Mutex<()>,
 }
 
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -236,10 +255,22 @@ const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 const BATCH_QUEUE: usize = 65_536;
 
 impl Node {
+    /// Proposes `cmd` as an entry of the cluster's active log format (which
+    /// every member reads); a command that needs a newer one is refused.
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
+        let entry = VersionedCommand::at(&cmd, self.sm.log_format())?;
+        self.propose_entry(entry).await
+    }
+
+    /// Proposes an entry as it is (`upgrade` raises the active format with
+    /// an entry of the new one).
+    pub(crate) async fn propose_entry(
+        &self,
+        entry: VersionedCommand,
+    ) -> Result<Response, ProposeError> {
         let write = async {
             let _open = self.handover_gate.read().await;
-            self.raft.client_write(cmd.into()).await
+            self.raft.client_write(entry).await
         };
         let res = tokio::time::timeout(PROPOSE_TIMEOUT, write).await;
         match res {
@@ -829,6 +860,7 @@ pub async fn run(
     let sm_opts = store::sm::Options {
         metrics: metrics.clone(),
         flush_ms: config.flush_ms,
+        watch_events: config.watch_events,
         ..Default::default()
     };
     let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
@@ -867,6 +899,7 @@ pub async fn run(
         auth_required: config.auth_token.is_some(),
         metrics,
         handover_gate: tokio::sync::RwLock::new(()),
+        format_change: tokio::sync::Mutex::new(()),
     });
     let mut tasks = vec![
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
@@ -876,6 +909,7 @@ pub async fn run(
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
         tokio::spawn(crate::membership::finish_interrupted(node.clone())),
+        tokio::spawn(crate::upgrade::raise_active_format(node.clone())),
         tokio::spawn(node.sm.clone().run_flusher()),
     ];
     if config.join.is_empty() {
@@ -899,6 +933,8 @@ pub async fn run(
         shutdown.await;
         // Still serving: the next leader needs this node's votes and log.
         crate::handover::before_stop(&stopping).await;
+        // Watch streams never end by themselves; the server waits for them.
+        stopping.sm.watch().close();
         let _ = stop_tx.send(true);
     });
     let http_task = http.map(|l| {

@@ -67,6 +67,31 @@ fn remove_dead_links(links: &std::path::Path) {
     }
 }
 
+/// The `kairos` binary of the previous release (the commit in
+/// `deploy/PREVIOUS_RELEASE`), as `.ci/previous-release` builds it into
+/// `<target>/previous-release/`, or `KAIROS_PREVIOUS_BIN`. Panics, saying
+/// how to build it, when it is missing: an upgrade test never passes without it.
+pub fn previous_release_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("KAIROS_PREVIOUS_BIN") {
+        return PathBuf::from(p);
+    }
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/PREVIOUS_RELEASE");
+    let commit = std::fs::read_to_string(file).expect("deploy/PREVIOUS_RELEASE");
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/previous-release/
+    let target = exe.ancestors().nth(3).expect("target dir");
+    let bin = target
+        .join("previous-release")
+        .join(format!("kairos-{}", commit.trim()));
+    assert!(
+        bin.exists(),
+        "the previous release's binary {} is missing: build it with `.ci/previous-release` \
+         (same CARGO_TARGET_DIR as the tests), or point KAIROS_PREVIOUS_BIN at one",
+        bin.display()
+    );
+    bin
+}
+
 fn build_bin(dir: &std::path::Path, package: &str, bin: &str) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
@@ -96,11 +121,29 @@ fn build_bin(dir: &std::path::Path, package: &str, bin: &str) {
     assert!(status.success(), "building the {bin} binary failed");
 }
 
+/// A free loopback port below Linux's ephemeral range (32768–60999): a port
+/// taken from that range can be handed to some outgoing connection's local
+/// end before the node binds it ("address in use" at start). Random start,
+/// a bind to check it is free, never the same port twice in one process.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    use std::hash::{BuildHasher, Hasher};
+    static GIVEN: std::sync::Mutex<Option<std::collections::HashSet<u16>>> =
+        std::sync::Mutex::new(None);
+    const LOW: u64 = 10_000;
+    const SPAN: u64 = 22_000;
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(Default::default);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let start = h.finish();
+    for i in 0..SPAN {
+        let port = (LOW + (start + i) % SPAN) as u16;
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
 pub struct NodeProc {
@@ -115,6 +158,8 @@ pub struct NodeProc {
     /// Environment and flags for this node only (set before it starts).
     pub env: Vec<(String, String)>,
     pub args: Vec<String>,
+    /// The `kairos` binary this node runs (None: this tree's, [`kairos_bin`]).
+    pub bin: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -203,6 +248,7 @@ impl Cluster {
                 data: dir.path().join(format!("node{id}")),
                 env: Vec::new(),
                 args: Vec::new(),
+                bin: None,
                 child: None,
             })
             .collect();
@@ -240,6 +286,7 @@ impl Cluster {
             data,
             env: Vec::new(),
             args: Vec::new(),
+            bin: None,
             child: None,
         });
         self.start_node(id);
@@ -262,7 +309,7 @@ impl Cluster {
             .append(true)
             .open(n.data.with_extension("log"))
             .expect("log");
-        let child = Command::new(kairos_bin())
+        let child = Command::new(n.bin.clone().unwrap_or_else(kairos_bin))
             .args([
                 "serve",
                 "--id",
@@ -413,8 +460,18 @@ impl Drop for Cluster {
             // The failing test's evidence: each node's last log lines.
             for n in &mut self.nodes {
                 let log = std::fs::read_to_string(n.data.with_extension("log")).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                eprintln!("--- node {} log (last 40 lines) ---", n.id);
+                // Backtrace frames left out, so the error above them shows.
+                let frame = |l: &&str| {
+                    let t = l.trim_start();
+                    t.starts_with("at ")
+                        || t.split_once(": ")
+                            .is_some_and(|(n, _)| n.parse::<u32>().is_ok())
+                };
+                let tail: Vec<&str> = log.lines().filter(|l| !frame(l)).rev().take(40).collect();
+                eprintln!(
+                    "--- node {} log (last 40 lines, backtrace frames left out) ---",
+                    n.id
+                );
                 eprintln!("(process: {})", process_state(n.child.as_mut()));
                 tail.iter().rev().for_each(|l| eprintln!("{l}"));
             }
@@ -541,4 +598,83 @@ pub fn assert_no_gap_no_double(runs: &[pb::Run], every_ms: i64) {
             r.fired_at_ms
         );
     }
+}
+
+/// The interval of the "tick" job of [`start_ticking`].
+pub const TICK_MS: i64 = 200;
+
+/// Creates the 200 ms job "tick" and waits for its first 5 fires.
+pub async fn start_ticking(cluster: &Cluster) -> Client {
+    let c = cluster.client();
+    create(&c, every_job("tick", "g", TICK_MS as u64))
+        .await
+        .unwrap();
+    wait_for("5 fires", Duration::from_secs(60), || async {
+        (c.list_runs("tick", 1000).await.ok()?.len() >= 5).then_some(())
+    })
+    .await;
+    c
+}
+
+/// Waits for 5 more fires, pauses "tick" and checks its history (each time
+/// once, 200 ms apart) and that voters `ids` have equal digests.
+pub async fn fires_on_without_gap(cluster: &Cluster, c: &Client, ids: &[u64]) {
+    let before = c.list_runs("tick", 100_000).await.unwrap().len();
+    wait_for("5 more fires", Duration::from_secs(60), || async {
+        (c.list_runs("tick", 100_000).await.ok()?.len() >= before + 5).then_some(())
+    })
+    .await;
+    let r = pb::PauseJobRequest {
+        id: "tick".into(),
+        ..Default::default()
+    };
+    c.jobs(|mut j| {
+        let r = r.clone();
+        async move { j.pause_job(r).await }
+    })
+    .await
+    .unwrap();
+    assert_no_gap_no_double(&c.list_runs("tick", 100_000).await.unwrap(), TICK_MS);
+    let via = cluster.wait_leader().await;
+    let nodes = cluster.wait_converged(via, ids).await;
+    let d = &nodes[0].state_digest;
+    assert!(
+        !d.is_empty() && nodes.iter().all(|n| &n.state_digest == d),
+        "digests differ at the same index: {nodes:?}"
+    );
+}
+
+/// Waits until node `id` follows a leader and has applied at least `index`.
+pub async fn rejoined(cluster: &Cluster, id: u64, index: u64) {
+    wait_for(
+        &format!("node {id} to rejoin"),
+        Duration::from_secs(60),
+        || async {
+            let s = cluster.status_via(id).await?;
+            let n = s.nodes.iter().find(|n| n.id == id)?;
+            (s.leader != 0 && n.role == "follower" && n.applied_index >= index).then_some(())
+        },
+    )
+    .await;
+}
+
+/// `cluster add-learner ID PEER_ADDR` through client `c`.
+pub async fn add_learner(
+    c: &Client,
+    id: u64,
+    peer_addr: &str,
+) -> Result<pb::MembershipResponse, tonic::Status> {
+    let req = pb::AddLearnerRequest {
+        id,
+        peer_addr: peer_addr.into(),
+    };
+    c.call(|ch| {
+        let req = req.clone();
+        async move {
+            pb::cluster_client::ClusterClient::new(ch)
+                .add_learner(req)
+                .await
+        }
+    })
+    .await
 }

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use kairos_client::pb::{self, cluster_client::ClusterClient};
 use kairos_client::Client;
-use kairos_tests::{assert_no_gap_no_double, create, every_job, kairosctl_bin, wait_for, Cluster};
+use kairos_tests::{
+    add_learner, assert_no_gap_no_double, create, every_job, kairosctl_bin, wait_for, Cluster,
+};
 use tonic::Code;
 
 async fn members(c: &Client) -> (BTreeSet<u64>, BTreeSet<u64>) {
@@ -20,22 +22,6 @@ async fn members(c: &Client) -> (BTreeSet<u64>, BTreeSet<u64>) {
     let voters = s.nodes.iter().filter(|n| n.voter).map(|n| n.id).collect();
     let learners = s.nodes.iter().filter(|n| !n.voter).map(|n| n.id).collect();
     (voters, learners)
-}
-
-async fn add_learner(
-    c: &Client,
-    id: u64,
-    peer_addr: &str,
-) -> Result<pb::MembershipResponse, tonic::Status> {
-    let req = pb::AddLearnerRequest {
-        id,
-        peer_addr: peer_addr.into(),
-    };
-    c.call(|ch| {
-        let req = req.clone();
-        async move { ClusterClient::new(ch).add_learner(req).await }
-    })
-    .await
 }
 
 async fn promote(c: &Client, id: u64) -> Result<pb::MembershipResponse, tonic::Status> {

@@ -7,7 +7,12 @@
 //! cluster without it. A rolling restart of all three nodes with graceful
 //! SIGTERMs while a 200 ms interval job runs: each stopped leader handed
 //! over, every scheduled time appears exactly once, 200 ms apart, and all
-//! voters' digests are equal.
+//! voters' digests are equal. Refusals that need a fault (failpoints,
+//! `KAIROS_FAILPOINT`): a membership change left in its joint configuration
+//! (`crash-on-joint` on the leader, `leave-joint` on the rest), a target
+//! that cannot catch up (`stall-log-after`), proposals that do not commit
+//! (both followers stalled), and ABORTED when the target was asked but no
+//! election followed (`ignore-elect`): the old leader leads on.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -15,11 +20,12 @@ use std::time::Duration;
 
 use kairos_client::pb::{self, cluster_client::ClusterClient};
 use kairos_client::{channel, Client};
-use kairos_proto::peer::{peer_client::PeerClient, ElectRequest};
-use kairos_tests::{assert_no_gap_no_double, create, every_job, kairosctl_bin, wait_for, Cluster};
+use kairos_proto::peer::{peer_client::PeerClient, ElectRequest, LocalStatusRequest};
+use kairos_tests::{
+    add_learner, create, every_job, fires_on_without_gap, kairosctl_bin, rejoined, start_ticking,
+    wait_for, Cluster,
+};
 use tonic::Code;
-
-const EVERY_MS: i64 = 200;
 
 async fn transfer(c: &Client, id: u64) -> Result<pb::TransferLeaderResponse, tonic::Status> {
     let req = pb::TransferLeaderRequest { id };
@@ -82,10 +88,53 @@ async fn leader_is(cluster: &Cluster, id: u64) {
     .await;
 }
 
+/// Waits until node `id` follows `leader`, as it reports itself.
+async fn follows(cluster: &Cluster, id: u64, leader: u64) {
+    wait_for(
+        &format!("node {id} to follow node {leader}"),
+        Duration::from_secs(30),
+        || async {
+            let mut peer = PeerClient::new(channel(&cluster.node(id).peer).ok()?);
+            let s = peer
+                .local_status(LocalStatusRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            (s.leader == leader).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Waits until every node of `ids` follows the same leader in the same term; returns it.
+async fn stable_leader(cluster: &Cluster, ids: &[u64]) -> u64 {
+    wait_for(
+        "one leader all agree on",
+        Duration::from_secs(30),
+        || async {
+            let mut seen = BTreeSet::new();
+            for id in ids {
+                let mut peer = PeerClient::new(channel(&cluster.node(*id).peer).ok()?);
+                let s = peer
+                    .local_status(LocalStatusRequest::default())
+                    .await
+                    .ok()?
+                    .into_inner();
+                seen.insert((s.leader, s.term));
+            }
+            let (leader, _) = *seen.first()?;
+            (seen.len() == 1 && leader != 0).then_some(leader)
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfer_to_a_named_voter_and_refusals() {
     let mut cluster = Cluster::start(3, &[]);
-    let leader = cluster.wait_leader().await;
+    // Under load a second election can follow the first: pick the target
+    // only once every node follows the same leader in the same term.
+    let leader = stable_leader(&cluster, &[1, 2, 3]).await;
     let c = cluster.client();
     let target = (1..=3).find(|id| *id != leader).unwrap();
     let third = (1..=3).find(|id| *id != leader && *id != target).unwrap();
@@ -97,20 +146,14 @@ async fn transfer_to_a_named_voter_and_refusals() {
     refused(transfer(&c, target).await, "already the leader");
     refused(transfer(&c, 9).await, "not a member");
     let peer4 = cluster.add_joining_node(4);
-    let req = pb::AddLearnerRequest {
-        id: 4,
-        peer_addr: peer4,
-    };
-    c.call(|ch| {
-        let req = req.clone();
-        async move { ClusterClient::new(ch).add_learner(req).await }
-    })
-    .await
-    .unwrap();
+    add_learner(&c, 4, &peer4).await.unwrap();
     refused(transfer(&c, 4).await, "learner");
 
     // The peer call behind it: only from the followed leader, only to a
-    // voter, only with the whole log.
+    // voter, only with the whole log. Node `third` must have heard of the
+    // new leader first: while it still follows the old one, this request
+    // is from its leader and would start an election.
+    follows(&cluster, third, target).await;
     let e = elect(&cluster, third, leader, 0).await;
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("follows"), "{e:?}");
@@ -135,7 +178,8 @@ async fn transfer_to_a_named_voter_and_refusals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfer_in_a_five_voter_cluster() {
     let cluster = Cluster::start(5, &[]);
-    let leader = cluster.wait_leader().await;
+    // As above: a second startup election must not race the first transfer.
+    let leader = stable_leader(&cluster, &[1, 2, 3, 4, 5]).await;
     let c = cluster.client();
     for target in (1..=5).filter(|id| *id != leader).take(2) {
         let r = transfer(&c, target).await.unwrap();
@@ -172,64 +216,6 @@ async fn removing_the_leader_hands_over_and_leaves_a_working_cluster() {
     fires_on_without_gap(&cluster, &c, &rest).await;
 }
 
-/// Creates the 200 ms job "tick" and waits for its first 5 fires.
-async fn start_ticking(cluster: &Cluster) -> Client {
-    let c = cluster.client();
-    create(&c, every_job("tick", "g", EVERY_MS as u64))
-        .await
-        .unwrap();
-    wait_for("5 fires", Duration::from_secs(60), || async {
-        (c.list_runs("tick", 1000).await.ok()?.len() >= 5).then_some(())
-    })
-    .await;
-    c
-}
-
-/// Waits for 5 more fires, pauses "tick" and checks its history (each time
-/// once, 200 ms apart) and that voters `ids` have equal digests.
-async fn fires_on_without_gap(cluster: &Cluster, c: &Client, ids: &[u64]) {
-    let before = c.list_runs("tick", 100_000).await.unwrap().len();
-    wait_for("5 more fires", Duration::from_secs(60), || async {
-        (c.list_runs("tick", 100_000).await.ok()?.len() >= before + 5).then_some(())
-    })
-    .await;
-    let r = pb::JobRef { id: "tick".into() };
-    c.jobs(|mut j| {
-        let r = r.clone();
-        async move {
-            j.pause_job(pb::PauseJobRequest {
-                id: r.id,
-                ..Default::default()
-            })
-            .await
-        }
-    })
-    .await
-    .unwrap();
-    assert_no_gap_no_double(&c.list_runs("tick", 100_000).await.unwrap(), EVERY_MS);
-    let via = cluster.wait_leader().await;
-    let nodes = cluster.wait_converged(via, ids).await;
-    let d = &nodes[0].state_digest;
-    assert!(
-        !d.is_empty() && nodes.iter().all(|n| &n.state_digest == d),
-        "digests differ at the same index: {nodes:?}"
-    );
-}
-
-/// Waits until node `id` follows a leader and has applied at least `index`.
-async fn rejoined(cluster: &Cluster, id: u64, index: u64) {
-    wait_for(
-        &format!("node {id} to rejoin"),
-        Duration::from_secs(60),
-        || async {
-            let s = cluster.status_via(id).await?;
-            let n = s.nodes.iter().find(|n| n.id == id)?;
-            (s.leader != 0 && n.role == "follower" && n.applied_index >= index).then_some(())
-        },
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_restart_with_graceful_stops_fires_every_occurrence_once() {
     let mut cluster = Cluster::start(3, &[]);
@@ -264,4 +250,140 @@ async fn rolling_restart_with_graceful_stops_fires_every_occurrence_once() {
     assert!(handed_over >= 1, "no leader was stopped");
 
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
+}
+
+/// Restarts node `id` (a follower) gracefully with failpoints `spec`, and
+/// waits until it has caught up again.
+async fn restart_with_failpoint(cluster: &mut Cluster, id: u64, spec: &str) {
+    let applied = cluster.client().status().await.unwrap().nodes;
+    let applied = applied.iter().map(|n| n.applied_index).max().unwrap();
+    cluster.terminate(id, Duration::from_secs(20));
+    let env = &mut cluster.node_mut(id).env;
+    env.retain(|(k, _)| k != "KAIROS_FAILPOINT");
+    env.push(("KAIROS_FAILPOINT".into(), spec.into()));
+    cluster.start_node(id);
+    rejoined(cluster, id, applied).await;
+}
+
+/// The highest index any node applied.
+async fn applied_index(cluster: &Cluster) -> u64 {
+    let s = cluster.client().status().await.unwrap();
+    s.nodes.iter().map(|n| n.applied_index).max().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfer_is_refused_while_a_membership_change_is_in_progress() {
+    // No leader here finishes a change cut in its joint configuration.
+    let mut cluster = Cluster::start_each(3, &[], &|n| {
+        n.env
+            .push(("KAIROS_FAILPOINT".into(), "leave-joint".into()))
+    });
+    let first = stable_leader(&cluster, &[1, 2, 3]).await;
+    let c = cluster.client();
+    // A leader that dies the moment it applies a joint configuration:
+    // restart a follower with that failpoint and hand leadership to it.
+    let doomed = (1..=3).find(|id| *id != first).unwrap();
+    restart_with_failpoint(&mut cluster, doomed, "leave-joint,crash-on-joint").await;
+    transfer(&c, doomed).await.unwrap();
+    leader_is(&cluster, doomed).await;
+
+    let peer4 = cluster.add_joining_node(4);
+    add_learner(&c, 4, &peer4).await.unwrap();
+    // Promoting 4 goes through a joint configuration, and its leader dies
+    // there; the answer (lost, or refused by the next leader) does not matter.
+    let _ = c
+        .call(|ch| async move { ClusterClient::new(ch).promote(pb::NodeRef { id: 4 }).await })
+        .await;
+    let next = wait_for(
+        "a new leader with the change in progress",
+        Duration::from_secs(30),
+        || async {
+            let s = c.status().await.ok()?;
+            (s.membership_changing && s.leader != 0 && s.leader != doomed).then_some(s.leader)
+        },
+    )
+    .await;
+    let target = (1..=3).find(|id| *id != doomed && *id != next).unwrap();
+    refused(
+        transfer(&c, target).await,
+        "a membership change is in progress",
+    );
+    leader_is(&cluster, next).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfer_to_a_voter_that_cannot_catch_up_is_refused() {
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = stable_leader(&cluster, &[1, 2, 3]).await;
+    let c = cluster.client();
+    // The target answers status but takes no entry past what it has now.
+    let target = (1..=3).find(|id| *id != leader).unwrap();
+    let stall = applied_index(&cluster).await;
+    restart_with_failpoint(&mut cluster, target, &format!("stall-log-after={stall}")).await;
+    // Committed by the leader and the third node; the target stays behind.
+    create(&c, every_job("slow", "g", 60_000)).await.unwrap();
+
+    refused(
+        transfer(&c, target).await,
+        &format!("node {target} has not caught up"),
+    );
+    // Nothing moved; the gate is open again.
+    leader_is(&cluster, leader).await;
+    create(&c, every_job("after", "g", 60_000)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfer_is_refused_while_proposals_do_not_commit() {
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = stable_leader(&cluster, &[1, 2, 3]).await;
+    let c = cluster.client();
+    // Both followers stop taking entries: nothing commits from now on,
+    // while both still answer status.
+    let stall = applied_index(&cluster).await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    for id in &followers {
+        restart_with_failpoint(&mut cluster, *id, &format!("stall-log-after={stall}")).await;
+    }
+    let pending = {
+        let c = c.clone();
+        tokio::spawn(async move { create(&c, every_job("stuck", "g", 60_000)).await })
+    };
+    // The write is appended on the leader and waits for a quorum.
+    wait_for("a proposal in flight", Duration::from_secs(30), || async {
+        let last = cluster.metric(leader, "kairos_raft_last_log_index")?;
+        let applied = cluster.metric(leader, "kairos_raft_applied_index")?;
+        (last > applied).then_some(())
+    })
+    .await;
+    refused(
+        transfer(&c, followers[0]).await,
+        "proposals in flight did not commit",
+    );
+    pending.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_whose_election_does_not_happen_is_aborted() {
+    // Every node answers the leader's Elect request without campaigning.
+    let cluster = Cluster::start_each(3, &[], &|n| {
+        n.env
+            .push(("KAIROS_FAILPOINT".into(), "ignore-elect".into()))
+    });
+    let leader = stable_leader(&cluster, &[1, 2, 3]).await;
+    let c = cluster.client();
+    let target = (1..=3).find(|id| *id != leader).unwrap();
+    let e = transfer(&c, target)
+        .await
+        .expect_err("no election happened");
+    assert_eq!(e.code(), Code::Aborted, "{e:?}");
+    assert!(
+        e.message().contains(&format!(
+            "node {target} was asked to take over, but no new leader was seen"
+        )),
+        "{e:?}"
+    );
+    // The old leader leads on, with heartbeats and writes.
+    leader_is(&cluster, leader).await;
+    create(&c, every_job("after", "g", 60_000)).await.unwrap();
+    assert_eq!(stable_leader(&cluster, &[1, 2, 3]).await, leader);
 }

@@ -16,6 +16,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use super::codec::{decode, encode};
 use super::command::{Command, CommandError, FinishReport, Response};
 use super::keys;
+use super::query;
 use super::types::*;
 use super::validate;
 use super::view::{Overlay, StateView, Write};
@@ -41,6 +42,30 @@ pub enum Effect {
     Misfired { group: String, policy: Misfire },
     /// Firing resumed cluster-wide: the leader reloads its wheel from state.
     FiringResumed,
+    /// A job was created, changed, deleted, paused or resumed (for watchers;
+    /// `group` is the job's group after the change).
+    JobChanged {
+        job: String,
+        group: String,
+        change: JobChange,
+    },
+    /// An attempt was recorded as handed to `worker` (for watchers).
+    Assigned {
+        run: RunId,
+        attempt: u32,
+        group: String,
+        worker: String,
+    },
+}
+
+/// What happened to a job, as watchers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobChange {
+    Created,
+    Updated,
+    Deleted,
+    Paused,
+    Resumed,
 }
 
 /// A run's terminal state as apply decided it, with who ran its last attempt.
@@ -98,6 +123,7 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::UpdateJob { now_ms, .. }
         | Command::DeleteJob { now_ms, .. }
         | Command::PauseJob { now_ms, .. }
+        | Command::PauseJobNoted { now_ms, .. }
         | Command::ResumeJob { now_ms, .. }
         | Command::TriggerJob { now_ms, .. }
         | Command::Fire { now_ms, .. }
@@ -111,9 +137,13 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::Housekeep { now_ms, .. }
         | Command::PauseFiring { now_ms, .. }
         | Command::ResumeFiring { now_ms } => *now_ms,
-        Command::Dedup { command, .. } | Command::Authored { command, .. } => command_time(command),
+        Command::Dedup { command, .. }
+        | Command::Authored { command, .. }
+        | Command::SpecExtended { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
+        // Carries no time: state-machine time stays where it is.
+        Command::ActivateLogFormat { .. } => i64::MIN,
     }
 }
 
@@ -189,14 +219,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     fn run(&mut self, cmd: &'a Command) -> Result<Response, CommandError> {
         match cmd {
-            Command::CreateJob { spec, .. } => self.create_job(spec).map(Response::Job),
-            Command::UpdateJob {
-                spec,
-                expected_revision,
-                ..
-            } => self.update_job(spec, *expected_revision).map(Response::Job),
+            // A spec decoded from a log entry has no extension of its own;
+            // one built in memory (tests, tools) is read the same way.
+            Command::CreateJob { .. } | Command::UpdateJob { .. } => {
+                self.put_spec(cmd, &SpecExt::default())
+            }
+            Command::SpecExtended { ext, command } => self.put_spec(command, ext),
             Command::DeleteJob { id, .. } => self.delete_job(id).map(Response::Deleted),
-            Command::PauseJob { id, note, .. } => self.pause_job(id, note).map(Response::Job),
+            Command::PauseJob { id, .. } => self.pause_job(id, "").map(Response::Job),
+            Command::PauseJobNoted { id, note, .. } => self.pause_job(id, note).map(Response::Job),
             Command::ResumeJob { id, .. } => self.resume_job(id).map(Response::Job),
             Command::TriggerJob { id, widths, .. } => {
                 self.set_widths(widths)?;
@@ -239,7 +270,24 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             Command::Batch { .. } => Err(CommandError::Invalid(
                 "commands: batches do not nest".into(),
             )),
+            Command::ActivateLogFormat { format } => self.activate_log_format(*format),
         }
+    }
+
+    /// Raises the active log format; a format at or below it changes nothing.
+    fn activate_log_format(&mut self, format: u32) -> Result<Response, CommandError> {
+        if format > super::command::LOG_FORMAT {
+            // Unreachable through the log (the entry's own format is checked
+            // first), kept so apply is total for any command value.
+            return Err(CommandError::Invalid(format!(
+                "format: {format} is newer than this binary's log format {}",
+                super::command::LOG_FORMAT
+            )));
+        }
+        if format > query::log_format(&self.o) {
+            self.o.put(keys::META_LOG_FORMAT.to_vec(), encode(&format));
+        }
+        Ok(Response::Empty)
     }
 
     fn set_widths(&mut self, widths: &'a [(String, u32)]) -> Result<(), CommandError> {
@@ -305,7 +353,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         // Apply later decodes these values: a pair that does not is refused here.
         for (k, v) in pairs {
             let ok = match k[0] {
-                keys::JOB => decode::<Job>(v).is_ok(),
+                keys::JOB => Job::from_record(v).is_ok(),
                 keys::RUN => decode::<Run>(v).is_ok(),
                 keys::ACTIVE => decode::<ActiveRun>(v).is_ok(),
                 keys::JOB_HISTORY => decode::<JobRevision>(v).is_ok(),
@@ -437,8 +485,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.o.put(key, encode(v));
     }
 
+    fn put_job(&mut self, job: &Job) {
+        self.o.put(keys::job(&job.id), job.to_record());
+    }
+
     fn job(&self, id: &str) -> Result<Job, CommandError> {
-        get(&self.o, &keys::job(id)).ok_or_else(|| CommandError::NotFound(id.to_string()))
+        self.o
+            .get(&keys::job(id))
+            .and_then(|b| Job::from_record(&b).ok())
+            .ok_or_else(|| CommandError::NotFound(id.to_string()))
     }
 
     fn run_rec(&self, id: &RunId) -> Option<Run> {
@@ -511,15 +566,39 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn schedule_next(&mut self, job: &mut Job, next: Option<i64>) {
         let b = &job.bounds;
         let runs_left = b.max_runs.is_none_or(|max| job.fired_count < max);
-        let next = next.filter(|at| runs_left && b.end_at_ms.is_none_or(|end| *at <= end));
-        job.finished_at_ms = match next {
-            Some(_) => None,
-            None => job.finished_at_ms.or(Some(self.now)),
-        };
-        self.set_next(job, next);
+        let allowed = next.filter(|at| runs_left && b.end_at_ms.is_none_or(|end| *at <= end));
+        if allowed.is_some() {
+            job.finished_at_ms = None;
+        } else if next.is_some() {
+            job.finished_at_ms = job.finished_at_ms.or(Some(self.now));
+        }
+        self.set_next(job, allowed);
+    }
+
+    /// Counts a scheduled occurrence fired, for a job whose bounds count them.
+    fn count_fire(job: &mut Job) {
+        if job.bounds.max_runs.is_some() {
+            job.fired_count = job.fired_count.saturating_add(1);
+        }
     }
 
     // ------------------------------------------------------------ job commands
+
+    /// A `CreateJob` or `UpdateJob` whose spec has `ext` as its extension.
+    fn put_spec(&mut self, cmd: &Command, ext: &SpecExt) -> Result<Response, CommandError> {
+        match cmd {
+            Command::CreateJob { spec, .. } => self.create_job(&spec.with_ext(ext)),
+            Command::UpdateJob {
+                spec,
+                expected_revision,
+                ..
+            } => self.update_job(&spec.with_ext(ext), *expected_revision),
+            _ => Err(CommandError::Invalid(
+                "command: an extended spec wraps one job create or update".into(),
+            )),
+        }
+        .map(Response::Job)
+    }
 
     fn create_job(&mut self, spec: &JobSpec) -> Result<Job, CommandError> {
         validate::job_spec(spec, self.now)?;
@@ -557,8 +636,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         };
         let first = self.first_occurrence(&job, self.now)?;
         self.schedule_next(&mut job, first);
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
         self.record_revision(&job, job.revision, "create");
+        self.job_changed(&job, JobChange::Created);
         Ok(job)
     }
 
@@ -598,8 +678,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             let first = self.first_occurrence(&job, self.now)?;
             self.schedule_next(&mut job, first);
         }
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
         self.record_revision(&job, job.revision, "update");
+        self.job_changed(&job, JobChange::Updated);
         Ok(job)
     }
 
@@ -614,7 +695,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.o.delete(keys::job(id));
         self.record_revision(&job, job.revision.saturating_add(1), "delete");
+        self.job_changed(&job, JobChange::Deleted);
         Ok(true)
+    }
+
+    fn job_changed(&mut self, job: &Job, change: JobChange) {
+        self.effects.push(Effect::JobChanged {
+            job: job.id.clone(),
+            group: job.group.clone(),
+            change,
+        });
     }
 
     /// Appends to the job's revision history, keeping the newest
@@ -644,18 +734,19 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn pause_job(&mut self, id: &str, note: &str) -> Result<Job, CommandError> {
         validate::pause_note(note)?;
         let mut job = self.job(id)?;
-        if !job.paused || job.pause.as_ref().is_some_and(|p| p.note != note) {
+        if !job.paused || job.pause.as_ref().map_or("", |p| p.note.as_str()) != note {
             self.set_next(&mut job, None);
             job.paused = true;
-            job.pause = Some(PauseNote {
+            job.pause = (!note.is_empty()).then(|| PauseNote {
                 note: note.to_string(),
                 by: self.actor.to_string(),
                 at_ms: self.now,
             });
             job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
-            self.put(keys::job(id), &job);
+            self.put_job(&job);
             self.record_revision(&job, job.revision, "pause");
+            self.job_changed(&job, JobChange::Paused);
         }
         Ok(job)
     }
@@ -672,8 +763,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 let first = self.first_occurrence(&job, self.now)?;
                 self.schedule_next(&mut job, first);
             }
-            self.put(keys::job(id), &job);
+            self.put_job(&job);
             self.record_revision(&job, job.revision, "resume");
+            self.job_changed(&job, JobChange::Resumed);
         }
         Ok(job)
     }
@@ -698,7 +790,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             )));
         }
         self.start_run(&mut job, self.now, "manual trigger".to_string());
-        self.put(keys::job(id), &job);
+        self.put_job(&job);
         self.run_rec(&run_id)
             .ok_or_else(|| CommandError::RunNotFound(run_id.to_string()))
     }
@@ -784,7 +876,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 }
                 job.next_fire_at_ms = None;
                 self.fire_occurrence(&mut job, key.fire_at_ms)?;
-                self.put(keys::job(&job.id), &job);
+                self.put_job(&job);
                 Ok(true)
             }
             EntryKind::Retry => Ok(self.fire_retry(&key.run_id(), key.fire_at_ms)),
@@ -810,7 +902,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                     String::new()
                 };
                 self.start_run(job, scheduled, note);
-                job.fired_count = job.fired_count.saturating_add(1);
+                Self::count_fire(job);
                 next_after(&job.schedule, scheduled)?
             }
             (true, Misfire::Skip) => {
@@ -840,7 +932,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                     self.now.saturating_sub(walk.last)
                 );
                 self.start_run(job, walk.last, note);
-                job.fired_count = job.fired_count.saturating_add(1);
+                Self::count_fire(job);
                 walk.next
             }
         };
@@ -1028,7 +1120,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 );
             }
         }
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
     }
 
     // ------------------------------------------------------------ retention
@@ -1166,7 +1258,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return 0;
         };
         let removed = self.prune(&mut job, limit);
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
         removed
     }
 
@@ -1185,6 +1277,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 run.state = RunState::Running;
                 run.worker = worker.clone();
                 self.put(keys::run(&run.id), &run);
+                self.effects.push(Effect::Assigned {
+                    run: run.id,
+                    attempt: run.attempt,
+                    group: run.group,
+                    worker: run.worker,
+                });
             }
         }
         Response::Empty
@@ -1360,7 +1458,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.active_runs = job.active_runs.saturating_add(1);
         self.ready(&run, &job.policy);
         self.save_live_run(&run, &job.policy);
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
         Ok(run)
     }
 }

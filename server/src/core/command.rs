@@ -11,16 +11,25 @@
 use serde::{Deserialize, Serialize};
 
 use super::codec::{check_format, decode, encode, FormatError};
-use super::types::{Job, JobSpec, PauseNote, Run, RunId, Token, WheelKey};
+use super::types::{Job, JobSpec, PauseNote, Run, RunId, SpecExt, Token, WheelKey};
 
-/// The format in which this binary encodes commands into log entries.
+/// The newest log format this binary reads and can write. A leader writes
+/// entries at the cluster's *active* format (replicated, `query::log_format`),
+/// which rises only once every member reads the newer one (`upgrade`).
 /// 1: the first versioned format (state format 8, with `Housekeep` and
-/// Quartz schedules). 2: job specs carry bounds and labels, `PauseJob` a
-/// note; `PauseFiring`/`ResumeFiring` appended. bincode is not
-/// self-describing, so format 1 specs do not decode as format 2 ones.
-pub const LOG_FORMAT: u32 = 2;
+/// Quartz schedules); what a node that does not report its format reads.
+/// 2: the `ActivateLogFormat` command.
+/// 3: job bounds and labels (`SpecExtended`), pause notes (`PauseJobNoted`),
+/// the cluster firing switch (`PauseFiring`, `ResumeFiring`). bincode is not
+/// self-describing: what older formats lack travels in appended variants,
+/// never in fields added to existing ones, so format 1 and 2 entries keep
+/// decoding as they were written.
+pub const LOG_FORMAT: u32 = 3;
 /// The oldest log format this binary decodes.
-pub const LOG_FORMAT_OLDEST: u32 = 2;
+pub const LOG_FORMAT_OLDEST: u32 = 1;
+/// The format of a cluster that never activated one, and the newest format
+/// a node reads that does not report one (releases before format 2).
+pub const LOG_FORMAT_INITIAL: u32 = 1;
 
 /// A command as a log entry holds it: encoded in the log format of the
 /// binary that proposed it. The entry itself decodes whatever that format
@@ -34,12 +43,42 @@ pub struct VersionedCommand {
     pub bytes: Vec<u8>,
 }
 
+/// A command that needs a newer log format than the cluster's active one:
+/// some member could not read it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this needs log format {needs}, but the cluster's active log format is {active}: \
+     upgrade every member (voters and learners) to a release that reads format {needs}; \
+     the leader then raises the active format by itself (see `kairosctl cluster status`)"
+)]
+pub struct FormatTooNew {
+    pub needs: u32,
+    pub active: u32,
+}
+
 impl VersionedCommand {
+    /// `cmd` as an entry of this binary's newest format (tests, tools).
     pub fn new(cmd: &Command) -> Self {
         VersionedCommand {
             format: LOG_FORMAT,
             bytes: encode(cmd),
         }
+    }
+
+    /// `cmd` as an entry every member of a cluster whose active log format
+    /// is `active` reads: labelled with that format, refused if the command
+    /// needs a newer one. A format-N entry holds only commands of format N
+    /// or older (variants are only appended), so its bytes are what any
+    /// reader of N decodes.
+    pub fn at(cmd: &Command, active: u32) -> Result<Self, FormatTooNew> {
+        let needs = cmd.min_format();
+        if needs > active {
+            return Err(FormatTooNew { needs, active });
+        }
+        Ok(VersionedCommand {
+            format: active.min(LOG_FORMAT),
+            bytes: encode(cmd),
+        })
     }
 
     /// The command of the entry at log index `index`, if this binary reads its format.
@@ -86,11 +125,8 @@ pub enum Command {
         id: String,
         now_ms: i64,
     },
-    /// `note` (at most `limits::PAUSE_NOTE_MAX_BYTES`) is kept with who
-    /// paused and when until the job is resumed.
     PauseJob {
         id: String,
-        note: String,
         now_ms: i64,
     },
     ResumeJob {
@@ -182,6 +218,25 @@ pub enum Command {
         now_ms: i64,
         max_deletes: u32,
     },
+    /// Raises the cluster's active log format to `format` (never lowers
+    /// it). Proposed by a leader once every member reports it reads
+    /// `format` (`upgrade`); from then on entries are written at it.
+    ActivateLogFormat {
+        format: u32,
+    },
+    /// A `CreateJob` or `UpdateJob` whose spec carries what a format 1 or 2
+    /// spec cannot: `ext` (bounds, labels) replaces the inner spec's.
+    SpecExtended {
+        ext: SpecExt,
+        command: Box<Command>,
+    },
+    /// `PauseJob` with a note (at most `limits::PAUSE_NOTE_MAX_BYTES`), kept
+    /// with who paused and when until the job is resumed.
+    PauseJobNoted {
+        id: String,
+        note: String,
+        now_ms: i64,
+    },
     /// Stops all firing (an incident switch): while set, no occurrence or
     /// retry entry fires and no trigger is taken; the entries stay.
     PauseFiring {
@@ -193,6 +248,66 @@ pub enum Command {
     ResumeFiring {
         now_ms: i64,
     },
+}
+
+impl Command {
+    /// The oldest log format that has this command (and everything inside it).
+    pub fn min_format(&self) -> u32 {
+        match self {
+            Command::ActivateLogFormat { format } => (*format).max(2),
+            Command::SpecExtended { .. }
+            | Command::PauseJobNoted { .. }
+            | Command::PauseFiring { .. }
+            | Command::ResumeFiring { .. } => 3,
+            Command::Dedup { command, .. } | Command::Authored { command, .. } => {
+                command.min_format()
+            }
+            Command::Batch { commands } => commands
+                .iter()
+                .map(Command::min_format)
+                .max()
+                .unwrap_or(LOG_FORMAT_INITIAL),
+            _ => LOG_FORMAT_INITIAL,
+        }
+    }
+
+    /// Creates `spec`: in the plain variant every format has when the spec
+    /// uses nothing newer, else wrapped with its extension.
+    pub fn create_job(mut spec: JobSpec, now_ms: i64) -> Command {
+        Self::extended(spec.take_ext(), Command::CreateJob { spec, now_ms })
+    }
+
+    /// Updates to `spec` (`expected_revision` 0 skips the compare-and-set), as `create_job`.
+    pub fn update_job(mut spec: JobSpec, expected_revision: u64, now_ms: i64) -> Command {
+        Self::extended(
+            spec.take_ext(),
+            Command::UpdateJob {
+                spec,
+                expected_revision,
+                now_ms,
+            },
+        )
+    }
+
+    fn extended(ext: SpecExt, command: Command) -> Command {
+        if ext == SpecExt::default() {
+            command
+        } else {
+            Command::SpecExtended {
+                ext,
+                command: Box::new(command),
+            }
+        }
+    }
+
+    /// Pauses job `id`; a note needs `PauseJobNoted` (format 3).
+    pub fn pause_job(id: String, note: String, now_ms: i64) -> Command {
+        if note.is_empty() {
+            Command::PauseJob { id, now_ms }
+        } else {
+            Command::PauseJobNoted { id, note, now_ms }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

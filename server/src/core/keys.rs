@@ -45,6 +45,10 @@ pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 pub const META_TIME: &[u8] = b"mtime";
 /// Set while firing is paused cluster-wide (`PauseFiring`): its `PauseNote`.
 pub const META_FIRING_PAUSED: &[u8] = b"mfiring_paused";
+/// The cluster's active log format (`Command::ActivateLogFormat`); absent
+/// means `command::LOG_FORMAT_INITIAL`. Written only at log format 2 and up,
+/// so only ever seen by binaries that read it.
+pub const META_LOG_FORMAT: &[u8] = b"mlog_format";
 /// Present while a snapshot is being loaded into the state (see `store::sm`).
 pub const META_RESTORING: &[u8] = b"mrestoring";
 /// The IANA tzdata version of the binary that last opened the data
@@ -67,13 +71,16 @@ pub const META_TZDATA: &[u8] = b"mtzdata";
 /// the version in a `format` file instead of the `mversion` key, and log
 /// entries that carry their own format (`command::LOG_FORMAT`); also the
 /// Quartz cron schedules, appended to the schedule enums.
-/// 9: job bounds, fire count, finished time, labels and pause note (in
-/// `JobSpec` and `Job`), and the cluster firing pause (`mfiring_paused`).
-pub const STATE_VERSION: u32 = 9;
+/// Since log format 3 (still state format 8), a job record may end with an
+/// extension (bounds, labels, fired count, finished time, pause note:
+/// `Job::to_record`) and `mfiring_paused` may be set. Only format-3
+/// commands write them, and the cluster activates format 3 only once every
+/// member reads it, so a binary that would not read them never meets them.
+pub const STATE_VERSION: u32 = 8;
 /// The oldest state format this binary reads. Older data directories and
 /// snapshot files are refused, naming both versions: there is no in-place
 /// migration from them (README, "Upgrades").
-pub const STATE_VERSION_OLDEST: u32 = 9;
+pub const STATE_VERSION_OLDEST: u32 = 8;
 
 pub fn time_bytes(t: i64) -> [u8; 8] {
     ((t as u64) ^ (1 << 63)).to_be_bytes()

@@ -19,7 +19,7 @@ pub mod types;
 pub mod validate;
 pub mod view;
 
-pub use apply::{apply, Applied, Effect, Finished};
+pub use apply::{apply, Applied, Effect, Finished, JobChange};
 pub use command::{Command, CommandError, FinishReport, Response, VersionedCommand};
 pub use types::*;
 pub use view::{Layered, MemView, Overlay, Pending, StateView, Write};

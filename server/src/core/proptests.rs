@@ -444,15 +444,11 @@ fn finish_report() -> impl Strategy<Value = FinishReport> {
 /// A single command of any kind but a batch, with arbitrary arguments.
 fn raw_command() -> BoxedStrategy<Command> {
     prop_oneof![
-        4 => (job_spec(), time()).prop_map(|(spec, now_ms)| Command::CreateJob { spec, now_ms }),
+        4 => (job_spec(), time()).prop_map(|(spec, now_ms)| Command::create_job(spec, now_ms)),
         2 => (job_spec(), prop_oneof![Just(0u64), Just(1), Just(2), Just(u64::MAX)], time())
-            .prop_map(|(spec, expected_revision, now_ms)| Command::UpdateJob {
-                spec,
-                expected_revision,
-                now_ms,
-            }),
+            .prop_map(|(spec, expected_revision, now_ms)| Command::update_job(spec, expected_revision, now_ms)),
         1 => (job_id(), time()).prop_map(|(id, now_ms)| Command::DeleteJob { id, now_ms }),
-        1 => (job_id(), text(), time()).prop_map(|(id, note, now_ms)| Command::PauseJob { id, note, now_ms }),
+        1 => (job_id(), text(), time()).prop_map(|(id, note, now_ms)| Command::pause_job(id, note, now_ms)),
         1 => (job_id(), time()).prop_map(|(id, now_ms)| Command::ResumeJob { id, now_ms }),
         2 => (job_id(), time(), widths())
             .prop_map(|(id, now_ms, widths)| Command::TriggerJob { id, now_ms, widths }),
@@ -669,7 +665,7 @@ fn step(view: &mut MemView, cmd: &Command) -> Result<Applied, TestCaseError> {
 fn check_housekeeping_indexes(view: &MemView) -> Result<(), TestCaseError> {
     let jobs: BTreeMap<String, Job> = rows(view, keys::JOB)
         .iter()
-        .map(|(_, v)| decode::<Job>(v).unwrap())
+        .map(|(_, v)| Job::from_record(v).unwrap())
         .map(|j| (j.id.clone(), j))
         .collect();
     let entries: BTreeSet<(i64, String)> = rows(view, keys::RETENTION_DUE)

@@ -31,6 +31,13 @@ pub fn runs_after<V: StateView + ?Sized>(
         .collect()
 }
 
+/// The cluster's active log format: what leaders write entries at.
+pub fn log_format<V: StateView + ?Sized>(view: &V) -> u32 {
+    view.get(keys::META_LOG_FORMAT)
+        .and_then(|b| decode(&b).ok())
+        .unwrap_or(super::command::LOG_FORMAT_INITIAL)
+}
+
 /// Whether a `Housekeep` at `now_ms` has work: a deleted job with runs
 /// left, or a job whose oldest runs are due for its history limits. Two
 /// reads of one key each, so the leader can ask often.
@@ -99,7 +106,7 @@ pub fn jobs_page<V: StateView + ?Sized>(
             scanned += 1;
             start = k.clone();
             start.push(0);
-            let Ok(job) = decode::<Job>(v) else { continue };
+            let Ok(job) = Job::from_record(v) else { continue };
             last.clone_from(&job.id);
             if filter.matches(&job) {
                 out.push(job);

@@ -84,6 +84,14 @@ fn finished(run: &RunId, attempt: u32, worker: &str, outcome: RunState) -> Effec
     })
 }
 
+fn job_changed(job: &str, change: JobChange) -> Effect {
+    Effect::JobChanged {
+        job: job.into(),
+        group: "g".into(),
+        change,
+    }
+}
+
 fn misfired(policy: Misfire) -> Effect {
     Effect::Misfired {
         group: "g".into(),
@@ -100,11 +108,7 @@ fn trigger(id: &str, now_ms: i64) -> Command {
 }
 
 fn update(spec: JobSpec, expected_revision: u64, now_ms: i64) -> Command {
-    Command::UpdateJob {
-        spec,
-        expected_revision,
-        now_ms,
-    }
+    Command::update_job(spec, expected_revision, now_ms)
 }
 
 fn ready(run: &RunId, attempt: u32, timeout_ms: u64) -> Effect {
@@ -157,14 +161,16 @@ struct Sim {
 }
 
 impl Sim {
+    /// Applies `cmd` as a replica would: decoded from its log entry.
     fn exec(&mut self, cmd: Command) -> Applied {
+        let cmd = VersionedCommand::new(&cmd).command(0).expect("decodes");
         let a = apply(&self.view, &cmd);
         self.view.write(&a.writes);
         a
     }
 
     fn create(&mut self, spec: JobSpec, now_ms: i64) -> Applied {
-        let a = self.exec(Command::CreateJob { spec, now_ms });
+        let a = self.exec(Command::create_job(spec, now_ms));
         assert!(matches!(a.response, Response::Job(_)), "{:?}", a.response);
         a
     }
@@ -195,7 +201,9 @@ impl Sim {
     }
 
     fn try_job(&self, id: &str) -> Option<Job> {
-        self.view.get(&keys::job(id)).map(|b| decode(&b).unwrap())
+        self.view
+            .get(&keys::job(id))
+            .map(|b| Job::from_record(&b).unwrap())
     }
 
     fn run(&self, id: &RunId) -> Run {
@@ -264,7 +272,11 @@ fn create_every_schedules_exactly_one_occurrence_at_now_plus_every() {
     let mut sim = Sim::default();
     let a = sim.create(every("a", 1000), T0);
 
-    assert_eq!(a.effects, vec![Effect::Scheduled(occ("a", T0 + 1000))]);
+    let created = job_changed("a", JobChange::Created);
+    assert_eq!(
+        a.effects,
+        vec![Effect::Scheduled(occ("a", T0 + 1000)), created]
+    );
     assert_eq!(sim.wheel(), vec![occ("a", T0 + 1000)]);
     assert_eq!(sim.job("a").next_fire_at_ms, Some(T0 + 1000));
     assert_eq!(a.response, Response::Job(sim.job("a")));
@@ -324,6 +336,68 @@ fn duplicate_fire_of_the_same_key_creates_the_run_once() {
     assert_eq!(sim.occurrences("a"), vec![T0 + 2000]);
 }
 
+// ------------------------------------------------------------------ watch effects
+
+#[test]
+fn each_job_change_is_an_effect_and_a_repeated_pause_or_resume_is_none() {
+    let mut sim = sim_with(every("a", 1000));
+    let job_effects = |a: &Applied| -> Vec<Effect> {
+        let watched = |e: &&Effect| matches!(e, Effect::JobChanged { .. });
+        a.effects.iter().filter(watched).cloned().collect()
+    };
+    let at = T0 + 10;
+    let pause = || Command::PauseJob {
+        id: "a".into(),
+        now_ms: at,
+    };
+    let resume = || Command::ResumeJob {
+        id: "a".into(),
+        now_ms: at,
+    };
+    let cases = [
+        (update(every("a", 700), 0, at), Some(JobChange::Updated)),
+        (pause(), Some(JobChange::Paused)),
+        (pause(), None),
+        (resume(), Some(JobChange::Resumed)),
+        (resume(), None),
+    ];
+    for (cmd, want) in cases {
+        let a = sim.exec(cmd.clone());
+        let want: Vec<_> = want.map(|c| job_changed("a", c)).into_iter().collect();
+        assert_eq!(job_effects(&a), want, "{cmd:?}");
+    }
+    let a = sim.exec(Command::DeleteJob {
+        id: "a".into(),
+        now_ms: at,
+    });
+    assert_eq!(job_effects(&a), vec![job_changed("a", JobChange::Deleted)]);
+    let again = sim.exec(Command::DeleteJob {
+        id: "a".into(),
+        now_ms: at,
+    });
+    assert_nothing_done(&again);
+}
+
+#[test]
+fn an_assignment_of_the_current_attempt_is_an_effect_and_a_stale_one_is_not() {
+    let mut sim = sim_with(every("a", 1000));
+    sim.fire_due(T0 + 1000);
+    let run = rid("a", T0 + 1000);
+    let assign = |attempt| Command::Assign {
+        now_ms: T0 + 1001,
+        assignments: vec![(run.clone(), attempt, "w1".to_string())],
+    };
+    let a = sim.exec(assign(1));
+    let assigned = Effect::Assigned {
+        run: run.clone(),
+        attempt: 1,
+        group: "g".into(),
+        worker: "w1".into(),
+    };
+    assert_eq!(a.effects, vec![assigned]);
+    assert_eq!(sim.exec(assign(2)).effects, vec![]);
+}
+
 #[test]
 fn stale_fire_after_update_delete_or_pause_creates_no_run() {
     let change = update(every("a", 700), 1, T0 + 500);
@@ -333,7 +407,6 @@ fn stale_fire_after_update_delete_or_pause_creates_no_run() {
     };
     let pause = Command::PauseJob {
         id: "a".into(),
-        note: String::new(),
         now_ms: T0 + 500,
     };
     for racer in [change, delete, pause] {
@@ -602,7 +675,6 @@ fn commands_on_an_unknown_job_are_not_found_without_writes() {
         },
         Command::PauseJob {
             id: id.clone(),
-            note: String::new(),
             now_ms,
         },
         Command::ResumeJob {
@@ -655,7 +727,6 @@ fn history(sim: &mut Sim) -> Vec<Applied> {
             10 => update(every("a", 1500), 0, now),
             20 => Command::PauseJob {
                 id: "d".into(),
-                note: String::new(),
                 now_ms: now,
             },
             25 => Command::ResumeJob {
@@ -1658,7 +1729,6 @@ fn job_changes_record_who_made_them_and_the_history_is_bounded() {
         "ci",
         Command::PauseJob {
             id: "a".into(),
-            note: String::new(),
             now_ms: T0 + 1,
         },
     ));
@@ -1694,7 +1764,6 @@ fn job_changes_record_who_made_them_and_the_history_is_bounded() {
         "ops",
         Command::PauseJob {
             id: "a".into(),
-            note: String::new(),
             now_ms: T0 + 4,
         },
     ));
@@ -1708,7 +1777,6 @@ fn job_changes_record_who_made_them_and_the_history_is_bounded() {
         let cmd = if i % 2 == 0 {
             Command::PauseJob {
                 id: "a".into(),
-                note: String::new(),
                 now_ms,
             }
         } else {
@@ -2012,6 +2080,72 @@ fn a_log_entry_of_a_newer_format_is_refused_naming_both_versions() {
         .unwrap_err()
         .to_string()
         .contains("does not decode"));
+}
+
+#[test]
+fn entries_are_written_at_the_active_format_and_a_newer_command_is_refused() {
+    let plain = Command::DeleteJob {
+        id: "a".into(),
+        now_ms: T0,
+    };
+    let at_initial = VersionedCommand::at(&plain, command::LOG_FORMAT_INITIAL).unwrap();
+    assert_eq!(at_initial.format, command::LOG_FORMAT_INITIAL);
+    assert_eq!(at_initial.command(1), Ok(plain.clone()));
+    // Never labelled newer than this binary writes.
+    let at_future = VersionedCommand::at(&plain, command::LOG_FORMAT + 1).unwrap();
+    assert_eq!(at_future.format, command::LOG_FORMAT);
+
+    // A command of format 2, even inside a batch or a dedup wrapper, needs format 2.
+    let activate = Command::ActivateLogFormat { format: 2 };
+    let wrapped = Command::Batch {
+        commands: vec![
+            plain.clone(),
+            Command::Dedup {
+                request_id: "r".into(),
+                command: Box::new(activate.clone()),
+            },
+        ],
+    };
+    assert_eq!(plain.min_format(), 1);
+    assert_eq!(wrapped.min_format(), 2);
+    let e = VersionedCommand::at(&wrapped, 1).unwrap_err();
+    assert_eq!(
+        e,
+        command::FormatTooNew {
+            needs: 2,
+            active: 1
+        }
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("this needs log format 2, but the cluster's active log format is 1: upgrade every member"),
+        "{msg}"
+    );
+    assert_eq!(VersionedCommand::at(&activate, 2).unwrap().format, 2);
+}
+
+#[test]
+fn the_active_log_format_only_rises_and_never_past_this_binary() {
+    let mut sim = Sim {
+        view: MemView::default(),
+    };
+    assert_eq!(query::log_format(&sim.view), command::LOG_FORMAT_INITIAL);
+    let a = sim.exec(Command::ActivateLogFormat { format: 2 });
+    assert_eq!(a.response, Response::Empty);
+    assert_eq!(query::log_format(&sim.view), 2);
+    // Lower or equal: nothing changes.
+    for format in [1, 2] {
+        let a = sim.exec(Command::ActivateLogFormat { format });
+        assert_eq!(a.response, Response::Empty);
+        assert_nothing_done(&a);
+    }
+    let a = sim.exec(Command::ActivateLogFormat {
+        format: command::LOG_FORMAT + 1,
+    });
+    assert!(invalid_msg(&a).contains("newer than this binary's log format"));
+    assert_nothing_done(&a);
+    assert_eq!(query::log_format(&sim.view), 2);
+    assert_eq!(state_time(&sim.view), 0, "activation carries no time");
 }
 
 // ------------------------------------------------------------------ statistics

@@ -110,6 +110,17 @@ impl Api {
 
 #[tonic::async_trait]
 impl pb::jobs_server::Jobs for Api {
+    type WatchStream = super::watch::WatchStream;
+
+    /// Served here, never forwarded: every node holds the same events.
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        authorize(&self.node, &req, Need::Read)?;
+        super::watch::start(self.node.sm.watch(), req.into_inner())
+    }
+
     async fn create_job(
         &self,
         req: Request<pb::CreateJobRequest>,
@@ -118,7 +129,7 @@ impl pb::jobs_server::Jobs for Api {
         let spec = spec_in(req.into_inner().spec)?;
         let now_ms = write_now_ms(&self.node).await?;
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
-        self.write_job(rid, Command::CreateJob { spec, now_ms })
+        self.write_job(rid, Command::create_job(spec, now_ms))
             .await
     }
 
@@ -134,11 +145,7 @@ impl pb::jobs_server::Jobs for Api {
         validate::job_spec_with(&spec, now_ms, false).map_err(error::command)?;
         self.write_job(
             rid,
-            Command::UpdateJob {
-                spec,
-                expected_revision: r.expected_revision,
-                now_ms,
-            },
+            Command::update_job(spec, r.expected_revision, now_ms),
         )
         .await
     }
@@ -238,11 +245,7 @@ impl pb::jobs_server::Jobs for Api {
         validate::pause_note(&note).map_err(error::command)?;
         self.write_job(
             rid,
-            Command::PauseJob {
-                id,
-                note,
-                now_ms: write_now_ms(&self.node).await?,
-            },
+            Command::pause_job(id, note, write_now_ms(&self.node).await?),
         )
         .await
     }
@@ -606,6 +609,7 @@ impl pb::cluster_server::Cluster for Api {
                             leader = id;
                         }
                         pb::NodeStatus {
+                            log_format_max: crate::upgrade::reads(&s),
                             id,
                             addr,
                             role: s.role,
@@ -617,6 +621,7 @@ impl pb::cluster_server::Cluster for Api {
                             voter: voters.contains(&id),
                             lag: lags.get(&id).copied().unwrap_or(0),
                             tzdata: s.tzdata,
+                            refusal: s.refusal,
                         }
                     }
                     None => pb::NodeStatus {
@@ -640,6 +645,7 @@ impl pb::cluster_server::Cluster for Api {
             nodes,
             membership_changing: self.node.membership_changing(),
             firing: Some(firing_out(self.node.sm.firing_paused())),
+            log_format: self.node.sm.log_format(),
         }))
     }
 }

@@ -366,3 +366,53 @@ pub fn page_size(requested: u32) -> Result<usize, Status> {
         ))),
     }
 }
+
+pub fn watch_event_out(e: &crate::watch::Event) -> pb::WatchEvent {
+    use crate::core::JobChange as J;
+    use crate::watch::Change;
+    use pb::WatchEventKind as K;
+    let mut out = pb::WatchEvent {
+        index: e.at.index,
+        seq: e.at.seq,
+        job: e.job.clone(),
+        group: e.group.clone(),
+        ..Default::default()
+    };
+    let (kind, run) = match &e.change {
+        Change::Job(c) => {
+            let kind = match c {
+                J::Created => K::JobCreated,
+                J::Updated => K::JobUpdated,
+                J::Deleted => K::JobDeleted,
+                J::Paused => K::JobPaused,
+                J::Resumed => K::JobResumed,
+            };
+            (kind, None)
+        }
+        Change::Fired { run, attempt } => (K::RunFired, Some((run, *attempt))),
+        Change::Assigned {
+            run,
+            attempt,
+            worker,
+        } => {
+            out.worker = worker.clone();
+            (K::RunAssigned, Some((run, *attempt)))
+        }
+        Change::Finished {
+            run,
+            attempt,
+            worker,
+            outcome,
+        } => {
+            out.worker = worker.clone();
+            out.outcome = run_state_out(*outcome) as i32;
+            (K::RunFinished, Some((run, *attempt)))
+        }
+    };
+    out.kind = kind as i32;
+    if let Some((run, attempt)) = run {
+        out.run_id = run.to_string();
+        out.attempt = attempt;
+    }
+    out
+}

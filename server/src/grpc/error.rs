@@ -49,6 +49,7 @@ pub fn propose(e: ProposeError) -> Status {
         ProposeError::NotLeader { leader } => not_leader(leader),
         ProposeError::Timeout => Status::deadline_exceeded(e.to_string()),
         ProposeError::Raft(m) => Status::unavailable(format!("raft: {m}")),
+        ProposeError::Format(f) => Status::failed_precondition(f.to_string()),
         ProposeError::Overloaded(o) => overloaded(&o),
     }
 }

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod convert;
 pub mod error;
 pub mod peer;
+pub mod watch;
 pub mod workers;
 
 use std::future::Future;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kairos_proto::peer::{
     peer_server::Peer, Blob, ClockProbeResponse, ElectRequest, Empty, LocalStatusRequest,
-    LocalStatusResponse,
+    LocalStatusResponse, LogFormatsResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -123,6 +123,16 @@ impl Peer for PeerService {
         }))
     }
 
+    async fn log_formats(
+        &self,
+        req: Request<Empty>,
+    ) -> Result<Response<LogFormatsResponse>, Status> {
+        self.sender(&req)?;
+        Ok(Response::new(LogFormatsResponse {
+            newest: crate::core::command::LOG_FORMAT,
+        }))
+    }
+
     /// A handover: the leader this node follows asks it to campaign now.
     async fn elect(&self, req: Request<ElectRequest>) -> Result<Response<Empty>, Status> {
         self.sender(&req)?;
@@ -151,6 +161,10 @@ impl Peer for PeerService {
             return Err(Status::failed_precondition(format!(
                 "node {me}'s log ends at index {last}, the leader's at {min}"
             )));
+        }
+        if crate::failpoint::on("ignore-elect") {
+            tracing::error!("failpoint: not starting the election the leader asked for");
+            return Ok(Response::new(Empty {}));
         }
         tracing::info!(leader = from, "handover: starting an election");
         self.node
@@ -215,5 +229,8 @@ pub async fn local_status(node: &Node, digest: bool) -> LocalStatusResponse {
         leader: m.current_leader.unwrap_or(0),
         api_addr: node.addr.clone(),
         tzdata: crate::core::schedule::TZDATA_VERSION.to_string(),
+        log_format_max: crate::core::command::LOG_FORMAT,
+        refusal: node.sm.refusal().unwrap_or_default(),
+        log_format: node.sm.log_format(),
     }
 }

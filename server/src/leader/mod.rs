@@ -337,6 +337,8 @@ impl Term {
                     runlog::finished(f);
                 }
                 Effect::Misfired { group, policy } => self.node.metrics.misfired(group, *policy),
+                // For watchers only (`watch.rs`).
+                Effect::JobChanged { .. } | Effect::Assigned { .. } => {}
             }
         }
         self.node.dispatch_now();

@@ -161,9 +161,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let start = std::time::Instant::now();
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if let Some(n) = crate::failpoint::value("stall-log-after") {
+            if entries.iter().any(|e| e.log_id.index > n) {
+                tracing::error!("failpoint: log appends past index {n} never complete");
+                std::future::pending::<()>().await;
+            }
+        }
         let writes: Vec<Write> = entries
-            .into_iter()
-            .map(|e| Write::Put(e.log_id.index.to_be_bytes().to_vec(), encode(&e)))
+            .iter()
+            .map(|e| Write::Put(e.log_id.index.to_be_bytes().to_vec(), encode(e)))
             .collect();
         KvTree::apply(&*self.log, &writes).map_err(write_err)?;
         let res = self

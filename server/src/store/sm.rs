@@ -24,12 +24,14 @@ use tokio::sync::{broadcast, Mutex};
 use super::kv::{KvTree, TreeView};
 use super::snapfile;
 use super::StoreError;
+use crate::core::codec::FormatError;
 use crate::core::codec::{decode, encode};
 use crate::core::{self, keys, Effect, Job, Overlay, Response, Run, RunId, StateView, WheelKey};
 use crate::core::{Layered, Pending};
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
+use crate::watch::{self, Hub};
 
 /// Effects of one applied batch, for the leader's tasks.
 pub type EffectBatch = Arc<Vec<Effect>>;
@@ -40,6 +42,13 @@ struct Applied {
     effects: Vec<Effect>,
     /// The joint-configuration failpoint fired.
     crash: bool,
+    /// Per entry of the chunk being applied, for the watch ring.
+    watched: Vec<watch::Applied>,
+}
+
+/// The entry after `applied` (0 before any).
+fn next_index(applied: Option<LogId>) -> u64 {
+    applied.map_or(0, |l| l.index + 1)
 }
 
 /// A read of the applied state (memory over sled). Holds a read lock on
@@ -67,6 +76,8 @@ pub struct Options {
     /// Applied state is written to sled at least this often (0: after
     /// every applied batch). See [`StateMachine::run_flusher`].
     pub flush_ms: u64,
+    /// Events the watch ring holds (`--watch-events`).
+    pub watch_events: usize,
 }
 
 impl Default for Options {
@@ -75,6 +86,7 @@ impl Default for Options {
             effect_capacity: 4096,
             metrics: Arc::default(),
             flush_ms: FLUSH_MS_DEFAULT,
+            watch_events: crate::watch::RING_EVENTS_DEFAULT,
         }
     }
 }
@@ -133,6 +145,11 @@ struct Inner {
     /// Entries in the durable wheel index: counted once at open and after
     /// a snapshot install, then kept in step by each applied batch.
     pending_timers: AtomicU64,
+    /// Watch events of the entries applied since open (not replicated).
+    watch: Arc<Hub>,
+    /// Why this node stopped applying (an entry or snapshot it does not
+    /// read), for `LocalStatus`: Raft stops there, the process serves on.
+    refusal: std::sync::Mutex<Option<String>>,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -163,6 +180,11 @@ impl StateMachine {
         }
         let (effects, _) = broadcast::channel(opts.effect_capacity);
         let pending_timers = AtomicU64::new(count_wheel(&tree));
+        // Entries up to what sled holds were applied by an earlier process:
+        // their events are gone.
+        let persisted: Option<LogId> =
+            KvTree::get(&tree, keys::META_LAST_APPLIED)?.and_then(|raw| decode(&raw).ok());
+        let watch = Arc::new(Hub::new(opts.watch_events, next_index(persisted)));
         let inner = Inner {
             db,
             tree,
@@ -174,6 +196,8 @@ impl StateMachine {
             writes_total: Default::default(),
             metrics: opts.metrics,
             pending_timers,
+            watch,
+            refusal: std::sync::Mutex::default(),
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -198,6 +222,11 @@ impl StateMachine {
 
     pub fn subscribe(&self) -> broadcast::Receiver<EffectBatch> {
         self.inner.effects.subscribe()
+    }
+
+    /// The watch ring of this node.
+    pub fn watch(&self) -> &Arc<Hub> {
+        &self.inner.watch
     }
 
     /// The applied state: what is held in memory over what is in sled.
@@ -229,13 +258,33 @@ impl StateMachine {
         self.meta(keys::META_MEMBERSHIP).unwrap_or_default()
     }
 
+    /// The cluster's active log format, as far as this node applied.
+    pub fn log_format(&self) -> u32 {
+        core::query::log_format(&self.view())
+    }
+
+    /// Why this node stopped applying, if it met something it does not read.
+    pub fn refusal(&self) -> Option<String> {
+        let r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        r.clone()
+    }
+
+    fn refuse(&self, why: String) {
+        tracing::error!(
+            "{why}; this node applies nothing more until it runs a binary that reads it"
+        );
+        let mut r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        *r = Some(why);
+    }
+
     /// The largest cluster time any applied command carried.
     pub fn state_time(&self) -> i64 {
         core::apply::state_time(&self.view())
     }
 
     pub fn get_job(&self, id: &str) -> Option<Job> {
-        self.meta(&keys::job(id))
+        let b = self.view().get(&keys::job(id))?;
+        Job::from_record(&b).ok()
     }
 
     /// Jobs with ids after `after`, in id order.
@@ -245,7 +294,9 @@ impl StateMachine {
             start.push(0);
         }
         let rows = self.view().range(&start, &[keys::JOB + 1], limit);
-        rows.iter().filter_map(|(_, v)| decode(v).ok()).collect()
+        rows.iter()
+            .filter_map(|(_, v)| Job::from_record(v).ok())
+            .collect()
     }
 
     /// One filtered page of jobs (`core::query::jobs_page`).
@@ -418,6 +469,7 @@ impl StateMachine {
             responses: Vec::with_capacity(entries.len()),
             effects: Vec::new(),
             crash: false,
+            watched: Vec::new(),
         };
         let mut entries = entries.into_iter().peekable();
         while entries.peek().is_some() {
@@ -427,6 +479,8 @@ impl StateMachine {
                 dirty.merge(net);
                 dirty.full() || self.inner.flush_ms == 0
             };
+            // Callers hold the apply lock: a snapshot install cannot come between.
+            self.inner.watch.push(std::mem::take(&mut out.watched));
             if full {
                 self.flush_dirty().map_err(sm_err)?;
             }
@@ -455,17 +509,24 @@ impl StateMachine {
                 break;
             };
             match entry.payload {
-                EntryPayload::Blank => out.responses.push(Response::Empty),
+                EntryPayload::Blank => {
+                    out.watched
+                        .push(watch::Applied::new(entry.log_id.index, &[]));
+                    out.responses.push(Response::Empty)
+                }
                 EntryPayload::Membership(m) => {
-                    out.crash |= m.get_joint_config().len() > 1 && failpoint_crash_on_joint();
+                    out.crash |=
+                        m.get_joint_config().len() > 1 && crate::failpoint::on("crash-on-joint");
                     let stored = StoredMembership::new(Some(entry.log_id), m);
                     overlay.put(keys::META_MEMBERSHIP.to_vec(), encode(&stored));
+                    out.watched
+                        .push(watch::Applied::new(entry.log_id.index, &[]));
                     out.responses.push(Response::Empty);
                 }
                 EntryPayload::Normal(logged) => {
                     let cmd = logged.command(entry.log_id.index).map_err(|e| {
                         // The node stops here, and meets this entry again after a restart.
-                        tracing::error!("refusing to apply: {e}");
+                        self.refuse(format!("refusing to apply: {e}"));
                         StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
                     })?;
                     let applied = core::apply(&overlay, &cmd);
@@ -475,6 +536,9 @@ impl StateMachine {
                             core::Write::Delete(k) => overlay.delete(k),
                         }
                     }
+                    let index = entry.log_id.index;
+                    out.watched
+                        .push(watch::Applied::new(index, &applied.effects));
                     out.effects.extend(applied.effects);
                     out.responses.push(applied.response);
                 }
@@ -573,16 +637,9 @@ impl StateMachine {
     }
 }
 
-/// Fault injection for the crash tests, off unless the environment says
-/// `KAIROS_FAILPOINT=crash-on-joint`: the node SIGKILLs itself right after
-/// applying a joint configuration, so a membership change is cut between
-/// its two steps exactly (the leader applies the joint entry before it
-/// proposes the second one).
-fn failpoint_crash_on_joint() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KAIROS_FAILPOINT").is_ok_and(|v| v == "crash-on-joint"))
-}
-
+/// The `crash-on-joint` failpoint (`crate::failpoint`): the leader applies
+/// the joint entry before it proposes the second one, so a change is cut
+/// between its two steps exactly.
 fn crash_now(why: &str) {
     tracing::error!("failpoint: SIGKILL after it {why}");
     let me = rustix::process::getpid();
@@ -858,7 +915,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // A snapshot of a format this binary does not read is refused here,
         // both versions named, and the node stops rather than misload it.
         let (_, held) = verified.map_err(|e| {
-            tracing::error!("refusing to install a received snapshot: {e}");
+            let why = format!("refusing to install a received snapshot: {e}");
+            let format = e.get_ref().is_some_and(|inner| inner.is::<FormatError>());
+            if format {
+                self.refuse(why);
+            } else {
+                tracing::error!("{why}");
+            }
             snap_err(e)
         })?;
         if held.last_log_id != meta.last_log_id {
@@ -878,6 +941,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })
         .await?;
         self.inner.pending_timers.store(count, Ordering::Relaxed);
+        // The state jumped: the ring starts after the snapshot.
+        self.inner.watch.reset(next_index(meta.last_log_id));
         Ok(())
     }
 
@@ -1057,6 +1122,51 @@ mod tests {
         assert_eq!(sm.persisted_applied(), snap.meta.last_log_id);
     }
 
+    /// The (index, seq, job) of every event `sm` holds from `from` on.
+    fn watched(sm: &StateMachine, from: u64) -> Result<Vec<(u64, u32, String)>, u64> {
+        let at = watch::Position {
+            index: from,
+            seq: 0,
+        };
+        let read = sm.watch().read(at, &Default::default(), usize::MAX);
+        let events = read.map_err(|c| c.oldest)?.events;
+        Ok(events
+            .into_iter()
+            .map(|e| (e.at.index, e.at.seq, e.job))
+            .collect())
+    }
+
+    #[tokio::test]
+    async fn watch_events_carry_their_entry_index_and_a_restart_or_install_compacts_the_ring() {
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(a_dir.path());
+        sm.apply((1..=2).map(create)).await.unwrap();
+        sm.flush().await.unwrap();
+        sm.apply([delete(3, 1)]).await.unwrap();
+        let want = |i: u64, id: u64| (i, 0, format!("job-{id}"));
+        assert_eq!(
+            watched(&sm, 0),
+            Ok(vec![want(1, 1), want(2, 2), want(3, 1)])
+        );
+        assert_eq!(watched(&sm, 3), Ok(vec![want(3, 1)]));
+        drop(sm);
+        // Entries up to the flushed index were applied by the old process.
+        let mut restarted = open_windowed(a_dir.path());
+        assert_eq!(watched(&restarted, 2), Err(3));
+        restarted.apply([delete(3, 1)]).await.unwrap();
+        assert_eq!(watched(&restarted, 3), Ok(vec![want(3, 1)]));
+
+        let (_, snap) = node_with_snapshot(b_dir.path(), 5).await;
+        let meta = snap.meta.clone();
+        let rx = receive(&mut restarted, snap).await;
+        restarted.install_snapshot(&meta, rx).await.unwrap();
+        assert_eq!(
+            watched(&restarted, 3),
+            Err(6),
+            "the ring starts after the snapshot"
+        );
+    }
+
     /// A node with `jobs` applied and the snapshot it built.
     async fn node_with_snapshot(dir: &Path, jobs: u64) -> (StateMachine, Snapshot) {
         let mut sm = open(dir);
@@ -1158,7 +1268,8 @@ mod tests {
 
     /// A damaged transfer is refused by install; the node keeps its state
     /// and its own snapshot, still applies, and reopens.
-    async fn a_damaged_snapshot_is_refused(damage: fn(&mut Vec<u8>)) {
+    /// Returns what the node reports as its refusal.
+    async fn a_damaged_snapshot_is_refused(damage: fn(&mut Vec<u8>)) -> Option<String> {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (_a, snap) = node_with_snapshot(a_dir.path(), 50).await;
         let (mut b, own) = node_with_snapshot(b_dir.path(), 3).await;
@@ -1166,6 +1277,7 @@ mod tests {
         let meta = snap.meta.clone();
         let rx = receive_damaged(&mut b, snap, damage).await;
         assert!(b.install_snapshot(&meta, rx).await.is_err());
+        let refusal = b.refusal();
         assert_eq!(b.digest().await, before, "state untouched");
         let current = b.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, own.meta, "the previous snapshot is kept");
@@ -1177,6 +1289,7 @@ mod tests {
         drop((b, current));
         let b = open(b_dir.path());
         assert_eq!(b.digest().await, after, "reopens with the same state");
+        refusal
     }
 
     #[tokio::test]
@@ -1184,6 +1297,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut sm = open(dir.path());
         sm.apply([create(1)]).await.unwrap();
+        assert_eq!(sm.refusal(), None);
         let before = sm.digest().await;
         // A batch whose second entry a newer binary wrote: the first of it
         // is not applied either, so a restart meets the same entry again.
@@ -1200,6 +1314,9 @@ mod tests {
         assert!(e.contains(&want), "{e}");
         assert_eq!(sm.digest().await, before);
         assert_eq!(sm.last_applied().map(|l| l.index), Some(1));
+        // Reported (LocalStatus), not only logged.
+        let refusal = sm.refusal().expect("the refusal is reported");
+        assert!(refusal.contains(&want), "{refusal}");
     }
 
     #[tokio::test]
@@ -1226,7 +1343,24 @@ mod tests {
 
     #[tokio::test]
     async fn a_truncated_snapshot_is_refused_and_the_node_keeps_its_state_and_serves() {
-        a_damaged_snapshot_is_refused(|b| b.truncate(b.len() * 2 / 3)).await;
+        let refusal = a_damaged_snapshot_is_refused(|b| b.truncate(b.len() * 2 / 3)).await;
+        assert_eq!(refusal, None, "a damaged transfer is no format refusal");
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_of_a_newer_state_format_is_refused_and_reported() {
+        // The version follows the 8 magic bytes.
+        let refusal = a_damaged_snapshot_is_refused(|b| {
+            b[8..12].copy_from_slice(&(keys::STATE_VERSION + 1).to_le_bytes())
+        })
+        .await
+        .expect("reported");
+        let want = format!(
+            "snapshot file has format version {}, newer than this binary's {}",
+            keys::STATE_VERSION + 1,
+            keys::STATE_VERSION
+        );
+        assert!(refusal.contains(&want), "{refusal}");
     }
 
     #[tokio::test]

@@ -2,6 +2,7 @@
 //! Human tables by default, `--output json` for scripts.
 
 mod exec;
+mod watch;
 
 use std::time::Duration;
 
@@ -66,6 +67,9 @@ enum Cmd {
     /// Schedules without a job.
     #[command(subcommand)]
     Schedule(ScheduleCmd),
+    /// Follow job changes and run transitions as they are applied (resumes
+    /// on the next endpoint if the node goes away).
+    Watch(watch::WatchArgs),
     /// Run a ready worker for a group. WARNING: it EXECUTES whatever the jobs
     /// of that group send it (`--exec shell` runs the payload with `sh -c`).
     Worker(exec::WorkerArgs),
@@ -1133,11 +1137,12 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
             .map(|n| json!({"id": n.id, "addr": n.addr, "peer_addr": n.peer_addr, "role": n.role,
                             "voter": n.voter, "lag": n.lag, "applied_index": n.applied_index,
                             "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms,
-                            "tzdata": n.tzdata}))
+                            "tzdata": n.tzdata, "log_format_max": n.log_format_max, "refusal": n.refusal}))
             .collect();
         println!(
             "{}",
-            json!({ "leader": s.leader, "membership_changing": s.membership_changing, "nodes": nodes,
+            json!({ "leader": s.leader, "membership_changing": s.membership_changing,
+                    "log_format": s.log_format, "nodes": nodes,
                     "firing": s.firing.as_ref().map(firing_json) })
         );
         return Ok(());
@@ -1171,6 +1176,18 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
     }
     if let Some(w) = tzdata_warning(&s.nodes) {
         println!("{w}");
+    }
+    let reads: Vec<String> = s
+        .nodes
+        .iter()
+        .filter(|n| n.log_format_max > 0)
+        .map(|n| format!("node {} reads {}", n.id, n.log_format_max))
+        .collect();
+    // A node of a release before log format 2 reports none: format 1 is active.
+    let active = s.log_format.max(1);
+    println!("log format: {active} active ({})", reads.join(", "));
+    for n in s.nodes.iter().filter(|n| !n.refusal.is_empty()) {
+        println!("ERROR: node {} stopped applying: {}", n.id, n.refusal);
     }
     Ok(())
 }
@@ -1279,6 +1296,7 @@ async fn main() {
             next_fires(&client, cli.output, req).await
         }
         Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
+        Cmd::Watch(w) => watch::run(&client, cli.output == Output::Json, w).await,
     };
     if let Err(e) = res {
         match e.downcast_ref::<tonic::Status>() {

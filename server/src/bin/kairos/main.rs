@@ -227,6 +227,10 @@ pub struct ServeArgs {
     /// written.
     #[arg(long, env = "KAIROS_FLUSH_MS", default_value_t = kairos_server::store::sm::FLUSH_MS_DEFAULT)]
     flush_ms: u64,
+    /// Watch events this node keeps in memory for `Jobs.Watch` (16..10000000);
+    /// a watch asking for an older position gets "compacted — re-list".
+    #[arg(long, env = "KAIROS_WATCH_EVENTS", default_value_t = kairos_server::watch::RING_EVENTS_DEFAULT)]
+    watch_events: usize,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -346,6 +350,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     config.join = a.join.clone();
     config.queue_max = a.queue_max;
     config.flush_ms = a.flush_ms;
+    config.watch_events = a.watch_events;
     config.admission = Bounds {
         max_commands: a.admit_max_commands,
         max_bytes: a.admit_max_kb.saturating_mul(1024),

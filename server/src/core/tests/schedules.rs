@@ -3,6 +3,8 @@
 //! (issue #16 items 4, 7, 8), by outputs.
 
 use super::*;
+use crate::core::codec::encode;
+use crate::core::command::{FormatTooNew, VersionedCommand};
 use crate::core::query::{jobs_page, JobFilter};
 
 fn bounded(id: &str, every_ms: u64, bounds: Bounds) -> JobSpec {
@@ -20,11 +22,7 @@ fn max_runs(n: u64) -> Bounds {
 }
 
 fn pause(id: &str, note: &str, now_ms: i64) -> Command {
-    Command::PauseJob {
-        id: id.into(),
-        note: note.into(),
-        now_ms,
-    }
+    Command::pause_job(id.into(), note.into(), now_ms)
 }
 
 /// Scheduled times of the job's run records.
@@ -70,7 +68,14 @@ fn nothing_fires_before_the_start_or_after_the_end() {
     let a = sim.create(bounded("a", 1000, b), T0);
     assert_eq!(
         a.effects,
-        vec![Effect::Scheduled(occ("a", T0 + 6000))],
+        vec![
+            Effect::Scheduled(occ("a", T0 + 6000)),
+            Effect::JobChanged {
+                job: "a".into(),
+                group: "g".into(),
+                change: JobChange::Created
+            }
+        ],
         "the first occurrence is the first at or after the start"
     );
     sim.fire_due(T0 + 6000);
@@ -178,7 +183,7 @@ fn bad_bounds_and_labels_are_refused_naming_field_and_rule() {
         ),
     ];
     for (spec, want) in cases {
-        let a = sim.exec(Command::CreateJob { spec, now_ms: T0 });
+        let a = sim.exec(Command::create_job(spec, T0));
         assert!(invalid_msg(&a).starts_with(want), "{}", invalid_msg(&a));
         assert_nothing_done(&a);
     }
@@ -354,4 +359,124 @@ fn a_job_page_scans_a_bounded_number_of_jobs_and_continues_from_its_token() {
     }
     assert_eq!(seen, vec!["j0", "j3", "j6", "j9"]);
     assert!(pages >= 3, "10 jobs at 4 per page take at least 3 pages");
+}
+
+// ------------------------------------------------------------ formats
+
+/// A job record as state format 8 (the previous release) declares it.
+#[derive(serde::Serialize)]
+struct JobV8<'a> {
+    id: &'a str,
+    schedule: &'a Schedule,
+    group: &'a str,
+    payload: &'a [u8],
+    policy: &'a Policy,
+    revision: u64,
+    paused: bool,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+    next_fire_at_ms: Option<i64>,
+    active_runs: u32,
+    buffered_at_ms: Option<i64>,
+    history_len: u64,
+    retention_due_ms: Option<i64>,
+}
+
+fn as_v8(j: &Job) -> Vec<u8> {
+    encode(&JobV8 {
+        id: &j.id,
+        schedule: &j.schedule,
+        group: &j.group,
+        payload: &j.payload,
+        policy: &j.policy,
+        revision: j.revision,
+        paused: j.paused,
+        created_at_ms: j.created_at_ms,
+        updated_at_ms: j.updated_at_ms,
+        next_fire_at_ms: j.next_fire_at_ms,
+        active_runs: j.active_runs,
+        buffered_at_ms: j.buffered_at_ms,
+        history_len: j.history_len,
+        retention_due_ms: j.retention_due_ms,
+    })
+}
+
+#[test]
+fn a_job_using_nothing_new_is_stored_byte_for_byte_as_state_format_8_and_read_back() {
+    let mut sim = Sim::default();
+    sim.create(every("a", 1000), T0);
+    sim.create(spec("once", ScheduleInput::At { at_ms: T0 + 500 }), T0);
+    for k in 1..=3 {
+        sim.fire_due(T0 + k * 1000);
+    }
+    sim.exec(pause("a", "", T0 + 3500));
+    for id in ["a", "once"] {
+        let stored = sim.view.get(&keys::job(id)).unwrap();
+        let job = sim.job(id);
+        assert_eq!(stored, as_v8(&job), "{id}: no tail, the format-8 layout");
+        assert_eq!(Job::from_record(&as_v8(&job)).unwrap(), job);
+    }
+    assert_eq!(sim.job("once").state(), JobState::Finished);
+    assert_eq!(sim.job("a").state(), JobState::Paused);
+}
+
+#[test]
+fn a_job_record_carries_its_extension_as_a_tail_that_must_decode_to_its_end() {
+    let mut sim = Sim::default();
+    let mut s = bounded("a", 1000, max_runs(5));
+    s.labels.insert("team".into(), "pay".into());
+    sim.create(s, T0);
+    sim.fire_due(T0 + 1000);
+    sim.exec(pause("a", "db migration", T0 + 1500));
+    let job = sim.job("a");
+    let stored = sim.view.get(&keys::job("a")).unwrap();
+    assert!(stored.len() > as_v8(&job).len() && stored.starts_with(&as_v8(&job)));
+    assert_eq!(job.fired_count, 1);
+    assert_eq!(job.labels.get("team").map(String::as_str), Some("pay"));
+    assert_eq!(job.pause.as_ref().map(|p| p.note.as_str()), Some("db migration"));
+    let mut trailing = stored.clone();
+    trailing.push(7);
+    assert!(Job::from_record(&trailing).is_err(), "bytes after the tail");
+    assert!(Job::from_record(&stored[..stored.len() - 1]).is_err(), "a cut tail");
+}
+
+#[test]
+fn what_older_log_formats_lack_needs_format_3_and_the_rest_keeps_its_old_encoding() {
+    let plain = every("a", 1000);
+    let mut labelled = every("a", 1000);
+    labelled.labels.insert("k".into(), "v".into());
+    let needs_3 = [
+        Command::create_job(labelled.clone(), T0),
+        Command::update_job(bounded("a", 1000, max_runs(2)), 0, T0),
+        pause("a", "note", T0),
+        Command::PauseFiring {
+            note: String::new(),
+            now_ms: T0,
+        },
+        Command::ResumeFiring { now_ms: T0 },
+        by("ops", Command::create_job(labelled, T0)),
+    ];
+    for cmd in needs_3 {
+        assert_eq!(
+            VersionedCommand::at(&cmd, 2).err(),
+            Some(FormatTooNew { needs: 3, active: 2 }),
+            "{cmd:?}"
+        );
+        let entry = VersionedCommand::at(&cmd, 3).unwrap();
+        assert_eq!(entry.command(1).unwrap(), cmd);
+    }
+    for cmd in [
+        Command::create_job(plain.clone(), T0),
+        Command::update_job(plain.clone(), 4, T0),
+        pause("a", "", T0),
+    ] {
+        assert_eq!(cmd.min_format(), 1, "{cmd:?}");
+    }
+    // CreateJob is variant 0, its spec the five fields format 1 has.
+    let v1 = encode(&(
+        0u8,
+        (&plain.id, &plain.schedule, &plain.group, &plain.payload, &plain.policy),
+        T0,
+    ));
+    assert_eq!(encode(&Command::create_job(plain, T0)), v1);
 }

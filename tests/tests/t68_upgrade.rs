@@ -1,0 +1,155 @@
+//! Rolling upgrade between two real binaries: the previous release (the
+//! commit in `deploy/PREVIOUS_RELEASE`, built by `.ci/previous-release`)
+//! and this tree's. A 3-node cluster of the previous release runs a 200 ms
+//! interval job; each node in turn is stopped gracefully and started with
+//! the new binary on the same data directory. Every scheduled time fires
+//! exactly once, 200 ms apart, the digests agree, and the cluster's active
+//! log format rises only once every member reads the new one. Going back to
+//! the previous release after that is refused loudly by the old binary
+//! (it stops applying at the first newer entry, naming both formats) and a
+//! learner of the previous release is not added.
+
+use std::time::Duration;
+
+use kairos_server::core::command::{LOG_FORMAT, LOG_FORMAT_INITIAL};
+use kairos_tests::{
+    add_learner, fires_on_without_gap, previous_release_bin, rejoined, start_ticking, wait_for,
+    Cluster,
+};
+use tonic::Code;
+
+/// The newest log format the previous release (`deploy/PREVIOUS_RELEASE`)
+/// reads; it reports none, which counts as the initial format. Update with
+/// that file.
+const PREVIOUS_READS: u32 = LOG_FORMAT_INITIAL;
+
+fn log_of(cluster: &Cluster, id: u64) -> String {
+    std::fs::read_to_string(cluster.node(id).data.with_extension("log")).unwrap_or_default()
+}
+
+/// Gracefully stops node `id` and starts it again with `bin` (None: this
+/// tree's) on the same data directory, then waits until it has caught up.
+async fn restart_with(cluster: &mut Cluster, id: u64, bin: Option<std::path::PathBuf>) {
+    let s = cluster.client().status().await.unwrap();
+    let applied = s.nodes.iter().map(|n| n.applied_index).max().unwrap();
+    let status = cluster.terminate(id, Duration::from_secs(20));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "node {id} stopped: {status:?}"
+    );
+    cluster.node_mut(id).bin = bin;
+    cluster.start_node(id);
+    rejoined(cluster, id, applied).await;
+}
+
+/// The cluster's active log format and what each node reads, asked of node `via`.
+async fn formats(cluster: &Cluster, via: u64) -> Option<(u32, Vec<(u64, u32)>)> {
+    let s = cluster.status_via(via).await?;
+    let reads = s.nodes.iter().map(|n| (n.id, n.log_format_max)).collect();
+    Some((s.log_format, reads))
+}
+
+/// Waits until node `via` reports this release's log format active.
+async fn new_format_active(cluster: &Cluster, via: u64) {
+    wait_for(
+        "the new log format to become active",
+        Duration::from_secs(30),
+        || async {
+            let (active, _) = formats(cluster, via).await?;
+            (active == LOG_FORMAT).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once() {
+    let old = previous_release_bin();
+    let mut cluster = Cluster::start_each(3, &[], &|n| n.bin = Some(old.clone()));
+    cluster.wait_leader().await;
+    let c = start_ticking(&cluster).await;
+
+    // The leader first, as an operator would not know better; then the rest.
+    let first = c.status().await.unwrap().leader;
+    let order: Vec<u64> = std::iter::once(first)
+        .chain((1..=3).filter(|id| *id != first))
+        .collect();
+    for (i, id) in order.iter().enumerate() {
+        restart_with(&mut cluster, *id, None).await;
+        if i < 2 {
+            // Mixed: the new nodes report what they read, the old ones
+            // theirs, and the old format stays active.
+            let (active, reads) = formats(&cluster, *id).await.unwrap();
+            assert_eq!(active, PREVIOUS_READS, "{reads:?}");
+            for (n, r) in &reads {
+                let want = if order[..=i].contains(n) {
+                    LOG_FORMAT
+                } else {
+                    PREVIOUS_READS
+                };
+                assert_eq!(*r, want, "node {n} reads: {reads:?}");
+            }
+        }
+    }
+    new_format_active(&cluster, first).await;
+    fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
+    let s = c.status().await.unwrap();
+    assert!(s.nodes.iter().all(|n| n.refusal.is_empty()), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_activation_the_previous_release_refuses_newer_entries_loudly() {
+    let old = previous_release_bin();
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_leader().await;
+    new_format_active(&cluster, leader).await;
+
+    // A learner of the previous release is not added.
+    let peer4 = cluster.add_joining_node(4);
+    cluster.terminate(4, Duration::from_secs(10));
+    cluster.node_mut(4).bin = Some(old.clone());
+    cluster.start_node(4);
+    let e = add_learner(&cluster.client(), 4, &peer4)
+        .await
+        .expect_err("a learner of the previous release is refused");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let want = format!(
+        "reads log formats up to {PREVIOUS_READS}, but the cluster's active log format is {LOG_FORMAT}"
+    );
+    assert!(e.message().contains(&want), "{e:?}");
+    // Nor a node that does not answer (nothing listens there now).
+    cluster.terminate(4, Duration::from_secs(10));
+    let e = add_learner(&cluster.client(), 5, &peer4)
+        .await
+        .expect_err("a node that does not answer is refused");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("node 5 at"), "{e:?}");
+    assert!(e.message().contains("did not answer within"), "{e:?}");
+    let s = cluster.client().status().await.unwrap();
+    assert!(s.nodes.iter().all(|n| n.id <= 3), "nothing added: {s:?}");
+
+    // A follower taken back to the previous release: it stops at the
+    // first newer entry, naming both formats, and applies nothing of it.
+    let back = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.terminate(back, Duration::from_secs(20));
+    cluster.node_mut(back).bin = Some(old);
+    cluster.start_node(back);
+    let c = start_ticking(&cluster).await;
+    let want =
+        format!("has format version {LOG_FORMAT}, newer than this binary's {PREVIOUS_READS}");
+    wait_for(
+        "the old binary to refuse a newer entry",
+        Duration::from_secs(30),
+        || async { log_of(&cluster, back).contains(&want).then_some(()) },
+    )
+    .await;
+    let rest: Vec<u64> = (1..=3).filter(|id| *id != back).collect();
+    fires_on_without_gap(&cluster, &c, &rest).await;
+    let s = cluster.status_via(leader).await.unwrap();
+    let behind = s.nodes.iter().find(|n| n.id == back).unwrap();
+    let ahead = s.nodes.iter().find(|n| n.id == leader).unwrap();
+    assert!(
+        behind.applied_index < ahead.applied_index,
+        "node {back} applied nothing past the refused entry: {s:?}"
+    );
+}
