@@ -90,11 +90,7 @@ fn histories() -> Vec<Vec<Command>> {
                 spec: spec("cron", cron),
                 now_ms: NOW_MS,
             },
-            Command::PauseJob {
-                id: "cron".into(),
-                note: "deploy freeze".into(),
-                now_ms: NOW_MS + 1,
-            },
+            Command::pause_job("cron".into(), "deploy freeze".into(), NOW_MS + 1),
             Command::ResumeJob {
                 id: "cron".into(),
                 now_ms: NOW_MS + 2,

@@ -101,7 +101,10 @@ async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once()
     }
     new_format_active(&cluster, first).await;
     let job = create(&c, labelled("labelled")).await.unwrap();
-    assert_eq!(job.spec.unwrap().job_labels.get("team").map(String::as_str), Some("pay"));
+    assert_eq!(
+        job.spec.unwrap().job_labels.get("team").map(String::as_str),
+        Some("pay")
+    );
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
     let s = c.status().await.unwrap();
     assert!(s.nodes.iter().all(|n| n.refusal.is_empty()), "{s:?}");
@@ -132,7 +135,9 @@ async fn while_a_member_runs_the_previous_release_a_new_leader_refuses_what_it_c
     );
     assert!(e.message().contains(&want), "{e:?}");
     // Nothing was written, and what every format has is still taken.
-    let plain = create(&c, every_job("labelled", "g", 60_000)).await.unwrap();
+    let plain = create(&c, every_job("labelled", "g", 60_000))
+        .await
+        .unwrap();
     assert!(plain.spec.unwrap().job_labels.is_empty());
     let s = c.status().await.unwrap();
     assert_eq!(s.log_format, PREVIOUS_READS, "{s:?}");

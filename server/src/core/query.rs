@@ -106,7 +106,9 @@ pub fn jobs_page<V: StateView + ?Sized>(
             scanned += 1;
             start = k.clone();
             start.push(0);
-            let Ok(job) = Job::from_record(v) else { continue };
+            let Ok(job) = Job::from_record(v) else {
+                continue;
+            };
             last.clone_from(&job.id);
             if filter.matches(&job) {
                 out.push(job);

@@ -129,8 +129,7 @@ impl pb::jobs_server::Jobs for Api {
         let spec = spec_in(req.into_inner().spec)?;
         let now_ms = write_now_ms(&self.node).await?;
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
-        self.write_job(rid, Command::create_job(spec, now_ms))
-            .await
+        self.write_job(rid, Command::create_job(spec, now_ms)).await
     }
 
     async fn update_job(
@@ -143,11 +142,8 @@ impl pb::jobs_server::Jobs for Api {
         let now_ms = write_now_ms(&self.node).await?;
         // The schedule is checked in apply, which knows whether it changed.
         validate::job_spec_with(&spec, now_ms, false).map_err(error::command)?;
-        self.write_job(
-            rid,
-            Command::update_job(spec, r.expected_revision, now_ms),
-        )
-        .await
+        self.write_job(rid, Command::update_job(spec, r.expected_revision, now_ms))
+            .await
     }
 
     async fn job_history(

@@ -433,11 +433,17 @@ fn a_job_record_carries_its_extension_as_a_tail_that_must_decode_to_its_end() {
     assert!(stored.len() > as_v8(&job).len() && stored.starts_with(&as_v8(&job)));
     assert_eq!(job.fired_count, 1);
     assert_eq!(job.labels.get("team").map(String::as_str), Some("pay"));
-    assert_eq!(job.pause.as_ref().map(|p| p.note.as_str()), Some("db migration"));
+    assert_eq!(
+        job.pause.as_ref().map(|p| p.note.as_str()),
+        Some("db migration")
+    );
     let mut trailing = stored.clone();
     trailing.push(7);
     assert!(Job::from_record(&trailing).is_err(), "bytes after the tail");
-    assert!(Job::from_record(&stored[..stored.len() - 1]).is_err(), "a cut tail");
+    assert!(
+        Job::from_record(&stored[..stored.len() - 1]).is_err(),
+        "a cut tail"
+    );
 }
 
 #[test]
@@ -459,7 +465,10 @@ fn what_older_log_formats_lack_needs_format_3_and_the_rest_keeps_its_old_encodin
     for cmd in needs_3 {
         assert_eq!(
             VersionedCommand::at(&cmd, 2).err(),
-            Some(FormatTooNew { needs: 3, active: 2 }),
+            Some(FormatTooNew {
+                needs: 3,
+                active: 2
+            }),
             "{cmd:?}"
         );
         let entry = VersionedCommand::at(&cmd, 3).unwrap();
@@ -475,7 +484,13 @@ fn what_older_log_formats_lack_needs_format_3_and_the_rest_keeps_its_old_encodin
     // CreateJob is variant 0, its spec the five fields format 1 has.
     let v1 = encode(&(
         0u8,
-        (&plain.id, &plain.schedule, &plain.group, &plain.payload, &plain.policy),
+        (
+            &plain.id,
+            &plain.schedule,
+            &plain.group,
+            &plain.payload,
+            &plain.policy,
+        ),
         T0,
     ));
     assert_eq!(encode(&Command::create_job(plain, T0)), v1);
