@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::codec::{check_format, decode, encode, FormatError};
-use super::types::{Job, JobSpec, PauseNote, Run, RunId, SpecExt, Token, WheelKey};
+use super::types::{Job, JobSpec, PauseNote, Run, RunId, ScheduleInput, SpecExt, Token, WheelKey};
 
 /// The newest log format this binary reads and can write. A leader writes
 /// entries at the cluster's *active* format (replicated, `query::log_format`),
@@ -255,6 +255,11 @@ impl Command {
     pub fn min_format(&self) -> u32 {
         match self {
             Command::ActivateLogFormat { format } => (*format).max(2),
+            Command::CreateJob { spec, .. } | Command::UpdateJob { spec, .. }
+                if spec.schedule == ScheduleInput::Upstream =>
+            {
+                3
+            }
             Command::SpecExtended { .. }
             | Command::PauseJobNoted { .. }
             | Command::PauseFiring { .. }

@@ -117,6 +117,8 @@ pub enum Schedule {
     /// Cron expression in Quartz's dialect (see the module doc), in an IANA
     /// time zone ("" means UTC).
     Quartz { expr: String, tz: String },
+    /// No occurrences: the job runs when its upstreams complete a cycle.
+    Upstream,
 }
 
 /// Why a schedule, a preview request or a duration was rejected. Each message
@@ -250,6 +252,7 @@ impl Schedule {
                 Err(ScheduleError::OnceNotPositive { at_ms: *at_ms })
             }
             Schedule::Once { at_ms } => Ok(Compiled::Once { at_ms: *at_ms }),
+            Schedule::Upstream => Ok(Compiled::Never),
         }
     }
 }
@@ -260,6 +263,7 @@ enum Compiled {
     Cron(Rc<ParsedCron>),
     Every { every_ms: u64, anchor_ms: i64 },
     Once { at_ms: i64 },
+    Never,
 }
 
 impl Compiled {
@@ -271,6 +275,7 @@ impl Compiled {
                 anchor_ms,
             } => every_next(*every_ms, *anchor_ms, after_ms),
             Compiled::Once { at_ms } => (*at_ms > after_ms).then_some(*at_ms),
+            Compiled::Never => None,
         };
         // The scheduler relies on strict progress; a violation must surface
         // as an error rather than as a job firing twice or a stuck preview.

@@ -190,7 +190,9 @@ impl pb::jobs_server::Jobs for Api {
             .sm
             .get_job(&id)
             .ok_or_else(|| Status::not_found(format!("job {id:?} not found")))?;
-        Ok(Response::new(job_out(&job)))
+        let mut out = job_out(&job);
+        out.downstream = self.node.sm.downstreams(&id);
+        Ok(Response::new(out))
     }
 
     async fn list_jobs(
@@ -354,7 +356,11 @@ impl pb::runs_server::Runs for Api {
             .sm
             .get_run(&run_id)
             .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
-        Ok(Response::new(run_out(&run)))
+        let mut out = run_out(&run);
+        out.upstream_runs = (self.node.sm.run_inputs(&run_id).iter())
+            .map(|(_, r)| r.to_string())
+            .collect();
+        Ok(Response::new(out))
     }
 
     async fn retry_run(&self, req: Request<pb::RunRef>) -> Result<Response<pb::Run>, Status> {

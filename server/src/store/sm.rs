@@ -357,6 +357,37 @@ impl StateMachine {
         self.meta(&keys::run(id))
     }
 
+    /// The upstream runs a workflow run consumed (empty for other runs).
+    pub fn run_inputs(&self, id: &RunId) -> Vec<(String, RunId)> {
+        self.meta(&keys::run_inputs(id)).unwrap_or_default()
+    }
+
+    /// Jobs that declare `job` as an upstream, at most `DOWNSTREAMS_MAX`.
+    pub fn downstreams(&self, job: &str) -> Vec<String> {
+        let prefix = keys::downstream_of(job);
+        let rows = self.view().range(
+            &prefix,
+            &keys::prefix_end(&prefix),
+            core::limits::DOWNSTREAMS_MAX,
+        );
+        rows.iter()
+            .filter_map(|(k, _)| keys::downstream_from(k).map(str::to_string))
+            .collect()
+    }
+
+    /// The results a workflow run's workers get (`workflow::merge_results`).
+    pub fn upstream_results(&self, id: &RunId) -> Vec<u8> {
+        let inputs = self.run_inputs(id);
+        if inputs.is_empty() {
+            return Vec::new();
+        }
+        let results: Vec<(String, Option<Vec<u8>>)> = inputs
+            .into_iter()
+            .map(|(job, run)| (job, self.get_run(&run).map(|r| r.result)))
+            .collect();
+        core::workflow::merge_results(&results, core::limits::UPSTREAM_RESULTS_MAX_BYTES)
+    }
+
     /// Statistics over the job's kept run history (one pass over it).
     pub fn job_stats(&self, job: &str) -> core::stats::JobStats {
         core::stats::job_stats(&self.view(), job)
@@ -974,6 +1005,7 @@ mod tests {
             policy: Policy::default(),
             bounds: Default::default(),
             labels: Default::default(),
+            workflow: None,
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),

@@ -220,6 +220,17 @@ struct SpecArgs {
     /// Finish the job after this many scheduled occurrences fired (1 to 1000000000).
     #[arg(long)]
     max_runs: Option<u64>,
+    /// Upstream jobs (comma-separated ids, 1 to 32): the job runs when they
+    /// complete a cycle (docs/workflows.md). Without a schedule flag it has
+    /// no schedule of its own.
+    #[arg(long, value_delimiter = ',')]
+    upstream: Vec<String>,
+    /// With --upstream: when a cycle is complete.
+    #[arg(long, requires = "upstream", value_parser = ["all-success", "all-done", "one-success", "one-failed", "none-failed"])]
+    trigger_rule: Option<String>,
+    /// With --upstream: what a failed upstream does to a cycle that needs it.
+    #[arg(long, requires = "upstream", value_parser = ["block", "skip", "wait-for-retry"])]
+    on_upstream_failure: Option<String>,
     /// Runs per occurrence with shard indexes 0..N-1 (1 to 1024).
     #[arg(long, conflicts_with = "broadcast")]
     shards: Option<u32>,
@@ -690,8 +701,10 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         Kind::AtMs(t.timestamp_millis())
     } else if let Some(d) = &a.after {
         Kind::AfterMs(duration_ms(d)?)
+    } else if !a.upstream.is_empty() {
+        Kind::UpstreamOnly(true)
     } else {
-        bail!("schedule: give one of --cron, --every, --at, --after");
+        bail!("schedule: give one of --cron, --every, --at, --after (or --upstream)");
     };
     let misfire = match a.misfire.as_str() {
         "fire-once" => pb::MisfirePolicy::FireOnce,
@@ -732,6 +745,9 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         end_at_ms: opt_time_ms("--end-at", &a.end_at)?,
         max_runs: a.max_runs,
         job_labels: a.labels.iter().cloned().collect(),
+        upstream: a.upstream.clone(),
+        trigger_rule: a.trigger_rule.clone().unwrap_or_default(),
+        on_upstream_failure: a.on_upstream_failure.clone().unwrap_or_default(),
     })
 }
 
@@ -774,6 +790,7 @@ fn schedule_text(s: &Option<pb::Schedule>) -> String {
         Some(Kind::EveryMs(ms)) => format!("every {ms}ms"),
         Some(Kind::AtMs(ms)) => format!("at {}", time_text(*ms)),
         Some(Kind::AfterMs(ms)) => format!("after {ms}ms"),
+        Some(Kind::UpstreamOnly(_)) => "upstream only".into(),
         None => "-".into(),
     }
 }
