@@ -245,9 +245,41 @@ async fn runs_across_jobs_filter_by_group_state_and_since_page_by_page() {
     );
 }
 
+/// The service names reflection version `$v` (a module of
+/// `tonic_reflection::pb`) lists on `channel`, sorted.
+macro_rules! listed_services {
+    ($v:ident, $channel:expr) => {{
+        use tonic_reflection::pb::$v as r;
+        let req = r::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(r::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            )),
+        };
+        let mut client = r::server_reflection_client::ServerReflectionClient::new($channel);
+        let mut answers = client
+            .server_reflection_info(tokio_stream::iter([req]))
+            .await
+            .expect(stringify!($v))
+            .into_inner();
+        let answer = answers
+            .message()
+            .await
+            .expect("an answer")
+            .expect("one answer");
+        let Some(r::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+            answer.message_response
+        else {
+            panic!("{}: not a service list: {answer:?}", stringify!($v));
+        };
+        let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        names.sort();
+        names
+    }};
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_answers_in_v1_and_v1alpha() {
-    use tonic_reflection::pb::{v1, v1alpha};
     let cluster = Cluster::start(1, &[]);
     cluster.wait_leader().await;
     let c = cluster.client();
@@ -259,61 +291,11 @@ async fn reflection_answers_in_v1_and_v1alpha() {
         "kairos.v1.Runs",
         "kairos.v1.Workers",
     ];
-
-    let req = v1::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
-            String::new(),
-        )),
-    };
-    let mut client =
-        v1::server_reflection_client::ServerReflectionClient::new(c.channel_to(&addr).unwrap());
-    let mut answers = client
-        .server_reflection_info(tokio_stream::iter([req]))
-        .await
-        .expect("v1 reflection")
-        .into_inner();
-    let answer = answers
-        .message()
-        .await
-        .expect("v1 answer")
-        .expect("one answer");
-    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
-        answer.message_response
-    else {
-        panic!("v1: not a service list: {answer:?}");
-    };
-    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    names.sort();
-    assert_eq!(names, want, "v1");
-
-    let req = v1alpha::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(
-            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
-        ),
-    };
-    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(
-        c.channel_to(&addr).unwrap(),
+    assert_eq!(listed_services!(v1, c.channel_to(&addr).unwrap()), want);
+    assert_eq!(
+        listed_services!(v1alpha, c.channel_to(&addr).unwrap()),
+        want
     );
-    let mut answers = client
-        .server_reflection_info(tokio_stream::iter([req]))
-        .await
-        .expect("v1alpha reflection")
-        .into_inner();
-    let answer = answers
-        .message()
-        .await
-        .expect("v1alpha answer")
-        .expect("one answer");
-    let Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
-        answer.message_response
-    else {
-        panic!("v1alpha: not a service list: {answer:?}");
-    };
-    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    names.sort();
-    assert_eq!(names, want, "v1alpha");
 }
 
 /// The job as `job get --output json` shows it.
