@@ -267,20 +267,22 @@ pub fn patched(
 /// `s` with the server's defaults (documented in the proto) written out,
 /// so a spec that leaves them 0 compares equal to the stored one.
 pub fn with_defaults(mut s: pb::JobSpec) -> pb::JobSpec {
-    let or = |v: u64, d: u64| if v == 0 { d } else { v };
-    s.misfire_grace_ms = or(s.misfire_grace_ms, 60_000);
-    s.timeout_ms = or(s.timeout_ms, 60_000);
-    s.max_attempts = or(s.max_attempts.into(), 1) as u32;
-    s.backoff_ms = or(s.backoff_ms, 1000);
-    s.priority = or(s.priority.into(), 5) as u32;
-    s.keep_runs = or(s.keep_runs, 10_000);
-    s.misfire = or(s.misfire as u64, pb::MisfirePolicy::FireAll as u64) as i32;
-    s.overlap = or(s.overlap as u64, pb::OverlapPolicy::Allow as u64) as i32;
-    s.route = or(s.route as u64, pb::RoutePolicy::LeastLoaded as u64) as i32;
-    if let Some(pb::schedule::Kind::Cron(c)) = s.schedule.as_mut().and_then(|s| s.kind.as_mut()) {
-        if c.dialect.is_empty() {
-            c.dialect = "unix".into();
+    fn or<T: Default + PartialEq>(v: &mut T, default: T) {
+        if *v == T::default() {
+            *v = default;
         }
+    }
+    or(&mut s.misfire_grace_ms, 60_000);
+    or(&mut s.timeout_ms, 60_000);
+    or(&mut s.max_attempts, 1);
+    or(&mut s.backoff_ms, 1000);
+    or(&mut s.priority, 5);
+    or(&mut s.keep_runs, 10_000);
+    or(&mut s.misfire, pb::MisfirePolicy::FireAll as i32);
+    or(&mut s.overlap, pb::OverlapPolicy::Allow as i32);
+    or(&mut s.route, pb::RoutePolicy::LeastLoaded as i32);
+    if let Some(pb::schedule::Kind::Cron(c)) = s.schedule.as_mut().and_then(|s| s.kind.as_mut()) {
+        or(&mut c.dialect, "unix".to_string());
     }
     s
 }
