@@ -213,6 +213,13 @@ async fn runs_across_jobs_filter_by_group_state_and_since_page_by_page() {
         ),
         (
             pb::SearchRunsRequest {
+                states: vec![1; 17],
+                ..Default::default()
+            },
+            "states: at most 16, got 17",
+        ),
+        (
+            pb::SearchRunsRequest {
                 group: "a b".into(),
                 ..Default::default()
             },

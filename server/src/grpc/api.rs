@@ -424,6 +424,13 @@ fn search_in(
     if let Some(group) = &group {
         validate::name("group", group, limits::GROUP_MAX_BYTES).map_err(error::command)?;
     }
+    let states_max = 16;
+    if r.states.len() > states_max {
+        return Err(Status::invalid_argument(format!(
+            "states: at most {states_max}, got {}",
+            r.states.len()
+        )));
+    }
     let mut states = Vec::new();
     for s in &r.states {
         let name = pb::RunState::try_from(*s)
