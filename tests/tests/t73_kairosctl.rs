@@ -47,16 +47,6 @@ async fn search(
     .await
 }
 
-async fn pause(c: &Client, id: &str) {
-    let req = pb::JobRef { id: id.into() };
-    c.jobs(|mut j| {
-        let r = req.clone();
-        async move { j.pause_job(r).await }
-    })
-    .await
-    .expect("pause");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_across_jobs_filter_by_group_state_and_since_page_by_page() {
     let cluster = Cluster::start(3, &[]);
@@ -88,7 +78,8 @@ async fn runs_across_jobs_filter_by_group_state_and_since_page_by_page() {
     })
     .await;
     for id in ["ok", "bad", "other"] {
-        pause(&c, id).await;
+        let (ok, out) = cluster.kairosctl(&["job", "pause", id]);
+        assert!(ok, "{out}");
     }
     // Every run has ended: the listing no longer moves.
     let all: Vec<pb::Run> = wait_for("every run finished", WAIT, || async {
@@ -363,8 +354,14 @@ async fn job_get_update_and_long_ids_in_tables() {
         "forbid",
         "--route",
         "label",
-        "--label",
+        "--route-label",
         "zone=eu",
+        "--label",
+        "team=web",
+        "--max-runs",
+        "1000",
+        "--start-at",
+        "2026-01-01T00:00:00Z",
         "--keep-runs",
         "50",
         "--keep-for",
@@ -385,6 +382,8 @@ async fn job_get_update_and_long_ids_in_tables() {
         ("overlap", "forbid"),
         ("route", "label"),
         ("keep_for", "7d"),
+        ("start_at", "2026-01-01T00:00:00.000Z"),
+        ("state", "active"),
     ];
     for (k, v) in expect {
         assert_eq!(before[k], v, "{k}: {before}");
@@ -398,6 +397,8 @@ async fn job_get_update_and_long_ids_in_tables() {
         (&3.into(), &7.into(), &50.into())
     );
     assert_eq!(before["route_labels"]["zone"], "eu", "{before}");
+    assert_eq!(before["labels"]["team"], "web", "{before}");
+    assert_eq!(before["max_runs"], 1000, "{before}");
     assert_eq!(before["revision"], 1, "{before}");
     assert!(before["next_fire_at_ms"].as_i64().unwrap() > 0, "{before}");
     assert_eq!(before["paused"], false, "{before}");
@@ -408,6 +409,9 @@ async fn job_get_update_and_long_ids_in_tables() {
         "3 attempts, backoff 2s",
         "route labels",
         "zone=eu",
+        "team=web",
+        "max runs",
+        "2026-01-01T00:00:00.000Z",
         "50 runs/7d",
         "Europe/Paris",
     ] {
@@ -536,6 +540,12 @@ async fn apply_is_idempotent_and_export_round_trips_in_every_format() {
         "3",
         "--payload",
         "x y",
+        "--label",
+        "team=web",
+        "--max-runs",
+        "99",
+        "--end-at",
+        "2099-01-01T00:00:00Z",
     ]);
     assert!(ok, "{out}");
     for (format, ext) in [("toml", "toml"), ("json", "json"), ("yaml", "yaml")] {

@@ -194,10 +194,14 @@ async fn get(c: &Client, id: &str) -> anyhow::Result<Option<pb::Job>> {
 }
 
 pub async fn export(c: &Client, a: ExportArgs) -> anyhow::Result<()> {
-    let jobs = crate::list_jobs(c, usize::MAX).await?;
+    let filter = pb::ListJobsRequest {
+        page_size: 1000,
+        group: a.group.unwrap_or_default(),
+        ..Default::default()
+    };
+    let jobs = crate::list_jobs(c, usize::MAX, filter).await?;
     let file = JobFile {
         jobs: (jobs.iter().filter_map(|j| j.spec.as_ref()))
-            .filter(|s| a.group.as_ref().is_none_or(|g| &s.group == g))
             .map(args_of)
             .collect(),
     };

@@ -127,15 +127,33 @@ enum JobCmd {
     Apply(apply::ApplyArgs),
     /// Write jobs in the format `job apply` reads.
     Export(apply::ExportArgs),
+    /// Jobs in id order, filtered on the server (filters are AND-ed).
     List {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
+        /// Only jobs of this worker group.
+        #[arg(long)]
+        group: Option<String>,
+        /// Label selector over the jobs' --label labels: k=v[,k2=v2...].
+        #[arg(long)]
+        selector: Option<String>,
+        #[arg(long, value_parser = ["active", "paused", "finished"])]
+        state: Option<String>,
+        /// Only ids starting with this.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Jobs asked for per request (1 to 1000); pages are followed up to --limit.
+        #[arg(long, default_value_t = 1000)]
+        page_size: u32,
     },
     Delete {
         id: String,
     },
+    /// Stop the job firing; --note (at most 1 KiB) is kept with who and when until resume.
     Pause {
         id: String,
+        #[arg(long, default_value = "")]
+        note: String,
     },
     Resume {
         id: String,
@@ -165,7 +183,7 @@ enum JobCmd {
 pub(crate) fn label_pair(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
-        _ => Err(format!("--label {s:?}: expected key=value")),
+        _ => Err(format!("{s:?}: expected key=value")),
     }
 }
 
@@ -303,6 +321,14 @@ enum ClusterCmd {
     /// Remove a voter or learner from the cluster (the leader's own node:
     /// leadership is handed over first and the new leader removes it).
     Remove { id: u64 },
+    /// Stop all firing cluster-wide (incidents; admin). Replicated: holds
+    /// across leader changes. --note (at most 1 KiB) is shown by status.
+    Pause {
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// Fire again: what fell due meanwhile follows each job's misfire policy.
+    Resume,
     /// Hand leadership to voter ID (default: the most up-to-date other
     /// voter) without an election timeout; prints the new leader.
     TransferLeader { id: Option<u64> },
@@ -338,6 +364,8 @@ async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result
         ClusterCmd::Promote { id } => print(&promote(c, id).await?),
         ClusterCmd::Remove { id } => print(&remove_node(c, id).await?),
         ClusterCmd::TransferLeader { id } => transfer_leader(c, out, id).await?,
+        ClusterCmd::Pause { note } => set_firing(c, out, Some(note)).await?,
+        ClusterCmd::Resume => set_firing(c, out, None).await?,
         ClusterCmd::Replace {
             old_id,
             new_id,
@@ -428,6 +456,47 @@ async fn transfer_leader(c: &Client, out: Output, id: Option<u64>) -> anyhow::Re
     let v = json!({"leader": r.leader, "previous": r.previous, "took_ms": r.took_ms});
     print_value(out, v, &text);
     Ok(())
+}
+
+/// Pauses firing cluster-wide (`Some(note)`) or resumes it.
+async fn set_firing(c: &Client, out: Output, pause: Option<String>) -> anyhow::Result<()> {
+    use pb::cluster_client::ClusterClient;
+    let f = match pause {
+        Some(note) => {
+            let req = pb::PauseFiringRequest { note };
+            c.call(|ch| {
+                let r = req.clone();
+                async move { ClusterClient::new(ch).pause_firing(r).await }
+            })
+            .await?
+        }
+        None => {
+            c.call(|ch| async move {
+                ClusterClient::new(ch)
+                    .resume_firing(pb::ResumeFiringRequest {})
+                    .await
+            })
+            .await?
+        }
+    };
+    print_value(out, firing_json(&f), &firing_text(&f));
+    Ok(())
+}
+
+fn firing_json(f: &pb::FiringStatus) -> Value {
+    json!({"paused": f.paused, "note": f.note, "by": f.by, "at_ms": f.at_ms})
+}
+
+fn firing_text(f: &pb::FiringStatus) -> String {
+    if !f.paused {
+        return "firing: on".into();
+    }
+    let by = if f.by.is_empty() { "-" } else { &f.by };
+    format!(
+        "firing: PAUSED since {} by {by}: {}",
+        time_text(f.at_ms),
+        f.note
+    )
 }
 
 async fn promote(c: &Client, id: u64) -> anyhow::Result<pb::MembershipResponse> {
@@ -727,12 +796,28 @@ fn job_json(j: &pb::Job) -> Value {
         "created_at_ms": j.created_at_ms, "updated_at_ms": j.updated_at_ms, "next_fire_at_ms": j.next_fire_at_ms,
         // In the API's units, as earlier releases printed them.
         "misfire_grace_ms": s.misfire_grace_ms, "timeout_ms": s.timeout_ms, "backoff_ms": s.backoff_ms,
-        "keep_for_ms": s.keep_for_ms, "labels": s.labels,
+        "keep_for_ms": s.keep_for_ms, "start_at_ms": s.start_at_ms, "end_at_ms": s.end_at_ms,
+        "state": j.state, "fired_count": j.fired_count, "finished_at_ms": j.finished_at_ms,
+        "pause_note": j.pause_note, "paused_by": j.paused_by, "paused_at_ms": j.paused_at_ms,
     });
     if let (Some(v), Value::Object(state)) = (v.as_object_mut(), state) {
         v.extend(state);
     }
     v
+}
+
+/// "paused AT by WHO: NOTE".
+fn pause_text(j: &pb::Job) -> String {
+    let by = if j.paused_by.is_empty() {
+        "-"
+    } else {
+        &j.paused_by
+    };
+    format!(
+        "paused {} by {by}: {}",
+        time_text(j.paused_at_ms),
+        j.pause_note
+    )
 }
 
 /// A job field by field (`job get`).
@@ -742,13 +827,11 @@ fn print_job(out: Output, j: &pb::Job) {
         return;
     }
     let s = j.spec.clone().unwrap_or_default();
-    let labels: Vec<String> = (s
-        .labels
-        .iter()
-        .collect::<std::collections::BTreeMap<_, _>>())
-    .iter()
-    .map(|(k, v)| format!("{k}={v}"))
-    .collect();
+    let pairs = |m: &std::collections::HashMap<String, String>| {
+        let m: std::collections::BTreeMap<_, _> = m.iter().collect();
+        let kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        kv.join(",")
+    };
     let fanout = match (s.shards, s.broadcast) {
         (Some(n), _) => format!("{n} shards"),
         (None, true) => "broadcast".into(),
@@ -760,7 +843,7 @@ fn print_job(out: Output, j: &pb::Job) {
         ("group", s.group.clone()),
         ("schedule", schedule_text(&s.schedule)),
         ("next fire", time_text(j.next_fire_at_ms)),
-        ("paused", j.paused.to_string()),
+        ("paused", if j.paused { pause_text(j) } else { "no".into() }),
         ("revision", j.revision.to_string()),
         ("created", time_text(j.created_at_ms)),
         ("updated", time_text(j.updated_at_ms)),
@@ -788,7 +871,14 @@ fn print_job(out: Output, j: &pb::Job) {
         ),
         ("priority", s.priority.to_string()),
         ("route", spec::route_text(s.route).into()),
-        ("route labels", dash(labels.join(","))),
+        ("route labels", dash(pairs(&s.labels))),
+        ("labels", dash(pairs(&s.job_labels))),
+        ("state", j.state.clone()),
+        ("start at", s.start_at_ms.map_or("-".into(), time_text)),
+        ("end at", s.end_at_ms.map_or("-".into(), time_text)),
+        ("max runs", s.max_runs.map_or("-".into(), |n| n.to_string())),
+        ("fired", j.fired_count.to_string()),
+        ("finished", time_text(j.finished_at_ms)),
         ("fanout", fanout),
         ("keep", keep_text(&s)),
     ]);
@@ -817,7 +907,7 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
                 s.group.clone(),
                 schedule_text(&s.schedule),
                 j.revision.to_string(),
-                j.paused.to_string(),
+                j.state.clone(),
                 keep_text(&s),
                 time_text(j.next_fire_at_ms),
             ]
@@ -829,13 +919,17 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
             "GROUP",
             "SCHEDULE",
             "REV",
-            "PAUSED",
+            "STATE",
             "KEEP",
             "NEXT FIRE",
         ],
         &["REV"],
         rows,
     );
+    for j in jobs.iter().filter(|j| j.paused) {
+        let id = j.spec.as_ref().map_or("", |s| s.id.as_str());
+        println!("{id}: {}", pause_text(j));
+    }
 }
 
 fn print_job_stats(out: Output, st: &pb::JobStatsResponse) {
@@ -983,7 +1077,24 @@ async fn job_cmd(
         }
         JobCmd::Apply(a) => apply::apply(c, a).await?,
         JobCmd::Export(a) => apply::export(c, a).await?,
-        JobCmd::List { limit } => print_jobs(out, &list_jobs(c, limit).await?),
+        JobCmd::List {
+            limit,
+            group,
+            selector,
+            state,
+            prefix,
+            page_size,
+        } => {
+            let filter = pb::ListJobsRequest {
+                page_size,
+                page_token: String::new(),
+                group: group.unwrap_or_default(),
+                selector: selector.unwrap_or_default(),
+                state: state.unwrap_or_default(),
+                id_prefix: prefix.unwrap_or_default(),
+            };
+            print_jobs(out, &list_jobs(c, limit, filter).await?)
+        }
         JobCmd::Delete { id } => {
             let r = c
                 .jobs(|mut j| {
@@ -997,10 +1108,11 @@ async fn job_cmd(
                 &format!("deleted {id}"),
             );
         }
-        JobCmd::Pause { id } => {
+        JobCmd::Pause { id, note } => {
+            let req = pb::PauseJobRequest { id, note };
             let j = c
                 .jobs(|mut j| {
-                    let r = by_id(&id);
+                    let r = req.clone();
                     async move { j.pause_job(r).await }
                 })
                 .await?;
@@ -1070,13 +1182,20 @@ async fn job_cmd(
     Ok(())
 }
 
-pub(crate) async fn list_jobs(c: &Client, limit: usize) -> anyhow::Result<Vec<pb::Job>> {
+/// Follows the server's pages (each may be short: a page scans a bounded
+/// number of jobs) until `limit` jobs or the last page.
+pub(crate) async fn list_jobs(
+    c: &Client,
+    limit: usize,
+    filter: pb::ListJobsRequest,
+) -> anyhow::Result<Vec<pb::Job>> {
     let mut jobs = Vec::new();
     let mut token = String::new();
     while jobs.len() < limit {
         let req = pb::ListJobsRequest {
-            page_size: (limit - jobs.len()).min(1000) as u32,
+            page_size: (limit - jobs.len()).min(filter.page_size as usize) as u32,
             page_token: token.clone(),
+            ..filter.clone()
         };
         let page = c
             .jobs(|mut j| {
@@ -1115,11 +1234,15 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
         println!(
             "{}",
             json!({ "leader": s.leader, "membership_changing": s.membership_changing,
-                    "log_format": s.log_format, "nodes": nodes })
+                    "log_format": s.log_format, "nodes": nodes,
+                    "firing": s.firing.as_ref().map(firing_json) })
         );
         return Ok(());
     }
     println!("leader: node {}", s.leader);
+    if let Some(f) = &s.firing {
+        println!("{}", firing_text(f));
+    }
     if s.membership_changing {
         println!("membership: a change is in progress (joint configuration)");
     }

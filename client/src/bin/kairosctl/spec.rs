@@ -85,9 +85,26 @@ pub struct SpecArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
     /// With --route label: only workers started with this label key=value (repeatable).
-    #[arg(long = "label", value_parser = label_pair)]
+    #[arg(long = "route-label", value_parser = label_pair)]
     #[serde(with = "pairs_as_map", skip_serializing_if = "Vec::is_empty")]
     pub route_labels: Vec<(String, String)>,
+    /// A label of the job, key=value, for `job list --selector` (repeatable,
+    /// at most 16; Kubernetes label syntax). Not used for routing.
+    #[arg(long = "label", value_parser = label_pair)]
+    #[serde(with = "pairs_as_map", skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<(String, String)>,
+    /// No occurrence before this RFC 3339 time.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
+    /// No occurrence after this RFC 3339 time; past it the job is finished.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<String>,
+    /// Finish the job after this many scheduled occurrences fired (1 to 1000000000).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_runs: Option<u64>,
     /// Runs per occurrence with shard indexes 0..N-1 (1 to 1024).
     #[arg(long, conflicts_with = "broadcast")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -141,10 +158,8 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         })
     } else if let Some(e) = &a.every {
         Kind::EveryMs(duration_ms(e).context("every")?)
-    } else if let Some(t) = &a.at {
-        let t = chrono::DateTime::parse_from_rfc3339(t)
-            .with_context(|| format!("at {t:?}: expected RFC 3339"))?;
-        Kind::AtMs(t.timestamp_millis())
+    } else if let Some(t) = a.at.as_ref().map(|t| time_ms("at", t)) {
+        Kind::AtMs(t?)
     } else if let Some(d) = &a.after {
         Kind::AfterMs(duration_ms(d).context("after")?)
     } else {
@@ -190,7 +205,32 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         broadcast: a.broadcast,
         keep_runs: a.keep_runs.unwrap_or(0),
         keep_for_ms: opt_ms("keep_for", &a.keep_for)?,
+        start_at_ms: a
+            .start_at
+            .as_ref()
+            .map(|t| time_ms("start_at", t))
+            .transpose()?,
+        end_at_ms: a
+            .end_at
+            .as_ref()
+            .map(|t| time_ms("end_at", t))
+            .transpose()?,
+        max_runs: a.max_runs,
+        job_labels: a.labels.iter().cloned().collect(),
     })
+}
+
+/// An RFC 3339 time as unix ms; the error names `field`.
+fn time_ms(field: &str, t: &str) -> anyhow::Result<i64> {
+    let t = chrono::DateTime::parse_from_rfc3339(t)
+        .with_context(|| format!("{field} {t:?}: expected RFC 3339"))?;
+    Ok(t.timestamp_millis())
+}
+
+/// Pairs in key order.
+fn sorted(m: &std::collections::HashMap<String, String>) -> Vec<(String, String)> {
+    let m: BTreeMap<_, _> = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    m.into_iter().collect()
 }
 
 /// A stored job's spec as flags, every field explicit: what `job export`
@@ -210,13 +250,11 @@ pub fn args_of(s: &pb::JobSpec) -> SpecArgs {
         priority: Some(s.priority),
         overlap: Some(overlap_text(s.overlap).to_string()),
         route: Some(route_text(s.route).to_string()),
-        route_labels: s
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<BTreeMap<_, _>>()
-            .into_iter()
-            .collect(),
+        route_labels: sorted(&s.labels),
+        labels: sorted(&s.job_labels),
+        start_at: s.start_at_ms.map(time_text),
+        end_at: s.end_at_ms.map(time_text),
+        max_runs: s.max_runs,
         shards: s.shards,
         broadcast: s.broadcast,
         keep_runs: Some(s.keep_runs),
