@@ -1,0 +1,408 @@
+//! The console's JSON handlers. Each calls the gRPC service methods (same
+//! auth, validation, read barrier and leader forwarding) and converts the
+//! answer with `json`. Limits: pages of at most `PAGE_SIZE_MAX` rows, and
+//! scans that filter (jobs by prefix/group/state, runs across jobs) stop after
+//! `JOBS_SCAN_MAX` jobs or `RUNS_SCAN_MAX` run records and hand back a
+//! `next_page_token` to go on from.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kairos_proto::v1::{self as pb, cluster_server::Cluster, jobs_server::Jobs, runs_server::Runs};
+use serde_json::{json, Value};
+
+use super::{json as j, json_body, service, ApiError, Caller, Params, TOKEN_COOKIE};
+use crate::core::{limits, RunId};
+use crate::grpc::api::Api;
+use crate::grpc::auth::{authorize, Need};
+use crate::node::Node;
+
+/// Most rows in one console page.
+pub const PAGE_SIZE_MAX: i64 = 500;
+/// Most jobs one filtered list or cross-job run query looks at.
+pub const JOBS_SCAN_MAX: usize = 5_000;
+/// Most run records one run query looks at.
+pub const RUNS_SCAN_MAX: usize = 10_000;
+/// Most recent runs shown on a job page.
+pub const RECENT_RUNS_MAX: i64 = 100;
+/// Rows asked of the gRPC API per internal page.
+const SCAN_PAGE: u32 = 1000;
+/// Longest token accepted by the login form.
+const TOKEN_MAX_BYTES: usize = 512;
+
+type Answer = Result<Response, ApiError>;
+
+/// Checks a token (reader or above) and keeps it in an HttpOnly cookie.
+pub async fn login(State(node): State<Arc<Node>>, body: String) -> Answer {
+    let v: Value = serde_json::from_str(&body)
+        .map_err(|e| ApiError::field("body", format!("expected {{\"token\": \"...\"}}: {e}")))?;
+    let token = v["token"].as_str().unwrap_or("");
+    if token.is_empty() || token.len() > TOKEN_MAX_BYTES {
+        return Err(ApiError::field(
+            "token",
+            format!("1 to {TOKEN_MAX_BYTES} bytes"),
+        ));
+    }
+    if !token
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && !b";,\"\\".contains(&b))
+    {
+        return Err(ApiError::field(
+            "token",
+            "printable ASCII without ; , \" \\",
+        ));
+    }
+    let caller = Caller {
+        token: Some(token.to_string()),
+        request_id: None,
+    };
+    authorize(&node, &caller.request(())?, Need::Read)?;
+    let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+    let body = json_body(&json!({ "auth": node.auth_required }));
+    Ok(([(header::SET_COOKIE, cookie)], body).into_response())
+}
+
+pub async fn logout() -> Response {
+    let cookie = format!("{TOKEN_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    ([(header::SET_COOKIE, cookie)], json_body(&json!({}))).into_response()
+}
+
+pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Answer {
+    let caller = Caller::from_headers(&headers);
+    let s = service(&node)
+        .status(caller.request(pb::StatusRequest {})?)
+        .await?;
+    let mut v = j::status(s.get_ref());
+    v["auth"] = json!(node.auth_required);
+    v["answered_by"] = json!(node.id);
+    Ok(json_body(&v))
+}
+
+fn id_param(p: &Params, name: &str) -> Result<String, ApiError> {
+    let v = p.text(name);
+    if v.len() > limits::ID_MAX_BYTES {
+        return Err(ApiError::field(
+            name,
+            format!("at most {} bytes, got {}", limits::ID_MAX_BYTES, v.len()),
+        ));
+    }
+    Ok(v.to_string())
+}
+
+/// Jobs by id prefix, group and state (`paused` | `active`), in id order.
+pub async fn jobs(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Answer {
+    let p = Params::parse(q.as_deref())?;
+    let page_size = p.number("page_size", 1, PAGE_SIZE_MAX, 50)? as usize;
+    let prefix = id_param(&p, "prefix")?;
+    let group = id_param(&p, "group")?;
+    let paused = match p.text("state") {
+        "" | "all" => None,
+        "paused" => Some(true),
+        "active" => Some(false),
+        other => {
+            return Err(ApiError::field(
+                "state",
+                format!("one of all, paused, active; got {other:?}"),
+            ))
+        }
+    };
+    let mut after = id_param(&p, "page_token")?;
+    if after.is_empty() {
+        // Just below the prefix: ids before it cannot start with it.
+        let mut below = prefix.clone();
+        below.pop();
+        after = below;
+    }
+    let (api, caller) = (service(&node), Caller::from_headers(&headers));
+    let (mut out, mut scanned, mut next) = (Vec::new(), 0, String::new());
+    'scan: loop {
+        let req = pb::ListJobsRequest {
+            page_size: SCAN_PAGE,
+            page_token: after.clone(),
+        };
+        let page = api.list_jobs(caller.request(req)?).await?.into_inner();
+        for job in &page.jobs {
+            let spec = job.spec.as_ref().map(|s| (s.id.as_str(), s.group.as_str()));
+            let (id, g) = spec.unwrap_or_default();
+            if !id.starts_with(&prefix) && id > prefix.as_str() {
+                break 'scan; // Past every id with the prefix.
+            }
+            scanned += 1;
+            after = id.to_string();
+            let wanted = id.starts_with(&prefix)
+                && (group.is_empty() || g == group)
+                && paused.is_none_or(|p| p == job.paused);
+            if wanted {
+                out.push(j::job(job));
+            }
+            if out.len() == page_size || scanned >= JOBS_SCAN_MAX {
+                next = after.clone();
+                break 'scan;
+            }
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+    }
+    Ok(json_body(
+        &json!({ "jobs": out, "next_page_token": next, "scanned": scanned }),
+    ))
+}
+
+/// One job: its spec, its next fires and its statistics.
+pub async fn job(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer {
+    let (api, caller) = (service(&node), Caller::from_headers(&headers));
+    let job = api
+        .get_job(caller.request(pb::JobRef { id: id.clone() })?)
+        .await?;
+    let stats = api
+        .job_stats(caller.request(pb::JobRef { id: id.clone() })?)
+        .await?;
+    let next = pb::NextFiresRequest {
+        id,
+        schedule: None,
+        count: 5,
+    };
+    // A job with nothing ahead (a fired one-shot) still has a page.
+    let next_fires = match api.next_fires(caller.request(next)?).await {
+        Ok(r) => r.into_inner().fire_at_ms,
+        Err(_) => Vec::new(),
+    };
+    Ok(json_body(&json!({
+        "job": j::job(job.get_ref()),
+        "stats": j::stats(stats.get_ref()),
+        "next_fires": next_fires,
+    })))
+}
+
+/// The newest `count` runs of a job scheduled at or after `since_ms`, newest first.
+pub async fn job_runs(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Answer {
+    let p = Params::parse(q.as_deref())?;
+    let count = p.number("count", 1, RECENT_RUNS_MAX, 20)? as usize;
+    let since_ms = p.number("since_ms", 0, i64::MAX, 0)?;
+    let (api, caller) = (service(&node), Caller::from_headers(&headers));
+    let mut after = since_after(since_ms);
+    let (mut recent, mut scanned) = (std::collections::VecDeque::new(), 0);
+    loop {
+        let req = pb::ListRunsRequest {
+            job: id.clone(),
+            page_size: SCAN_PAGE,
+            after_scheduled_at_ms: after.0,
+            after_shard: after.1,
+        };
+        let page = api.list_runs(caller.request(req)?).await?.into_inner();
+        scanned += page.runs.len();
+        for r in page.runs {
+            if recent.len() == count {
+                recent.pop_front();
+            }
+            recent.push_back(r);
+        }
+        after = (page.next_after_scheduled_at_ms, page.next_after_shard);
+        if after == (0, 0) || scanned >= RUNS_SCAN_MAX {
+            break;
+        }
+    }
+    let runs: Vec<Value> = recent.iter().rev().map(j::run).collect();
+    let truncated = after != (0, 0);
+    Ok(json_body(
+        &json!({ "runs": runs, "scanned": scanned, "truncated": truncated }),
+    ))
+}
+
+/// The ListRuns cursor that starts at `since_ms` (0: from the first run).
+fn since_after(since_ms: i64) -> (i64, u32) {
+    match since_ms {
+        0 => (0, 0),
+        s => (s - 1, u32::MAX),
+    }
+}
+
+/// `pause`, `resume`, `trigger` or `delete` a job.
+pub async fn job_action(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path((id, action)): Path<(String, String)>,
+) -> Answer {
+    let (api, caller) = (service(&node), Caller::from_headers(&headers));
+    let r = caller.request(pb::JobRef { id })?;
+    let v = match action.as_str() {
+        "pause" => json!({ "job": j::job(api.pause_job(r).await?.get_ref()) }),
+        "resume" => json!({ "job": j::job(api.resume_job(r).await?.get_ref()) }),
+        "trigger" => json!({ "run": j::run(api.trigger_job(r).await?.get_ref()) }),
+        "delete" => json!({ "deleted": api.delete_job(r).await?.get_ref().deleted }),
+        other => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("action: one of pause, resume, trigger, delete; got {other:?}"),
+            ))
+        }
+    };
+    Ok(json_body(&v))
+}
+
+pub async fn retry_run(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Answer {
+    let p = Params::parse(q.as_deref())?;
+    let run_id = p.text("run_id").to_string();
+    let caller = Caller::from_headers(&headers);
+    let run = service(&node)
+        .retry_run(caller.request(pb::RunRef { run_id })?)
+        .await?;
+    Ok(json_body(&json!({ "run": j::run(run.get_ref()) })))
+}
+
+/// Runs across jobs: of jobs in `group` (all if empty), scheduled at or
+/// after `since_ms`, in `state` (all if empty); ordered by job id, then
+/// scheduled time. `page_token` is the last run id looked at (or a job id:
+/// go on after that job).
+pub async fn runs(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Answer {
+    let p = Params::parse(q.as_deref())?;
+    let page_size = p.number("page_size", 1, PAGE_SIZE_MAX, 50)? as usize;
+    let since_ms = p.number("since_ms", 0, i64::MAX, 0)?;
+    let group = id_param(&p, "group")?;
+    let state = match p.text("state") {
+        "" | "all" => None,
+        s if RUN_STATES.contains(&s) => Some(s.to_string()),
+        other => {
+            return Err(ApiError::field(
+                "state",
+                format!("one of all, {}; got {other:?}", RUN_STATES.join(", ")),
+            ))
+        }
+    };
+    let token = p.text("page_token");
+    let mut scan = RunScan {
+        api: service(&node),
+        caller: Caller::from_headers(&headers),
+        state,
+        since: since_after(since_ms),
+        page_size,
+        out: Vec::new(),
+        scanned: 0,
+        next: None,
+    };
+    let mut job_after = token.to_string();
+    if token.contains('@') {
+        let run = RunId::parse(token)
+            .ok_or_else(|| ApiError::field("page_token", "not a token this API returned"))?;
+        scan.job(&run.job, (run.scheduled_at_ms, run.shard).max(scan.since))
+            .await?;
+        job_after = run.job;
+    }
+    let mut jobs_seen = 0;
+    while scan.next.is_none() {
+        let req = pb::ListJobsRequest {
+            page_size: SCAN_PAGE,
+            page_token: job_after.clone(),
+        };
+        let page = scan
+            .api
+            .list_jobs(scan.caller.request(req)?)
+            .await?
+            .into_inner();
+        for spec in page.jobs.iter().filter_map(|j| j.spec.as_ref()) {
+            jobs_seen += 1;
+            job_after = spec.id.clone();
+            if group.is_empty() || spec.group == group {
+                scan.job(&spec.id, scan.since).await?;
+            }
+            if scan.next.is_some() {
+                break;
+            }
+            if jobs_seen >= JOBS_SCAN_MAX {
+                scan.next = Some(spec.id.clone());
+                break;
+            }
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+    }
+    Ok(json_body(&json!({
+        "runs": scan.out,
+        "next_page_token": scan.next.unwrap_or_default(),
+        "scanned": scan.scanned,
+    })))
+}
+
+/// Run states a run query may ask for.
+const RUN_STATES: [&str; 7] = [
+    "pending",
+    "running",
+    "succeeded",
+    "failed",
+    "timed_out",
+    "skipped",
+    "cancelled",
+];
+
+/// A bounded walk over the runs of several jobs.
+struct RunScan {
+    api: Api,
+    caller: Caller,
+    state: Option<String>,
+    since: (i64, u32),
+    page_size: usize,
+    out: Vec<Value>,
+    scanned: usize,
+    /// Set once the page is full or the budget is spent: where to go on.
+    next: Option<String>,
+}
+
+impl RunScan {
+    /// Looks at `job`'s runs after the cursor `after` until the job ends or the scan stops.
+    async fn job(&mut self, job: &str, mut after: (i64, u32)) -> Result<(), ApiError> {
+        loop {
+            let budget = (RUNS_SCAN_MAX - self.scanned).min(SCAN_PAGE as usize);
+            let req = pb::ListRunsRequest {
+                job: job.to_string(),
+                page_size: budget as u32,
+                after_scheduled_at_ms: after.0,
+                after_shard: after.1,
+            };
+            let page = self
+                .api
+                .list_runs(self.caller.request(req)?)
+                .await?
+                .into_inner();
+            for r in &page.runs {
+                self.scanned += 1;
+                let state = j::run_state(r.state);
+                if self.state.as_ref().is_none_or(|s| *s == state) {
+                    self.out.push(j::run(r));
+                }
+                if self.out.len() == self.page_size || self.scanned >= RUNS_SCAN_MAX {
+                    self.next = Some(r.run_id.clone());
+                    return Ok(());
+                }
+            }
+            after = (page.next_after_scheduled_at_ms, page.next_after_shard);
+            if after == (0, 0) {
+                return Ok(());
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! `GET /api/watch`: the node's watch stream (`Jobs.Watch`) as Server-Sent
+//! Events. Each event's id is `index.seq`, so a browser that reconnects
+//! (EventSource sends `Last-Event-ID`) resumes with no gap and no repeat.
+//! The bridge holds at most `SSE_BUFFER` events for a browser; one that
+//! does not keep up is disconnected (and may reconnect), never buffered
+//! without bound.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use kairos_proto::v1::{self as pb, jobs_server::Jobs};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{json as j, service, ApiError, Caller, Params};
+use crate::node::Node;
+
+/// Events held for one browser before it is dropped as too slow.
+pub const SSE_BUFFER: usize = 256;
+
+pub async fn watch(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let p = Params::parse(q.as_deref())?;
+    let mut req = pb::WatchRequest::default();
+    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    if let Some((index, seq)) = resume.and_then(|v| v.split_once('.')) {
+        let index = index
+            .parse()
+            .map_err(|_| ApiError::field("last-event-id", "expected index.seq"))?;
+        let seq: u32 = seq
+            .parse()
+            .map_err(|_| ApiError::field("last-event-id", "expected index.seq"))?;
+        req.from_index = Some(index);
+        req.from_seq = seq.saturating_add(1);
+    } else if !p.text("from_index").is_empty() {
+        req.from_index = Some(p.number("from_index", 0, i64::MAX, 0)? as u64);
+    }
+    for (field, list) in [("job", &mut req.jobs), ("group", &mut req.groups)] {
+        let v = p.text(field);
+        if !v.is_empty() {
+            list.push(v.to_string());
+        }
+    }
+    let caller = Caller::from_headers(&headers);
+    let mut events = service(&node)
+        .watch(caller.request(req)?)
+        .await?
+        .into_inner();
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(SSE_BUFFER);
+    tokio::spawn(async move {
+        loop {
+            let item = tokio::select! {
+                _ = tx.closed() => return,
+                item = events.next() => item,
+            };
+            let (event, last) = match item {
+                Some(Ok(e)) => {
+                    let data = j::watch_event(&e).to_string();
+                    (
+                        Event::default()
+                            .id(format!("{}.{}", e.index, e.seq))
+                            .data(data),
+                        false,
+                    )
+                }
+                Some(Err(s)) => {
+                    let data = serde_json::json!({ "error": s.message() }).to_string();
+                    (Event::default().event("watch_error").data(data), true)
+                }
+                None => return,
+            };
+            // Full: this browser is too slow; dropping the sender ends its stream.
+            if tx.try_send(Ok(event)).is_err() || last {
+                return;
+            }
+        }
+    });
+    Ok(Sse::new(ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
