@@ -11,9 +11,9 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kairos_proto::v1::{self as pb, cluster_server::Cluster, jobs_server::Jobs, runs_server::Runs};
-use serde_json::{json, Value};
 
-use super::{json as j, json_body, service, ApiError, Caller, Params, TOKEN_COOKIE};
+use super::json::{self as j, obj, Json};
+use super::{json_body, service, ApiError, Caller, Params, TOKEN_COOKIE};
 use crate::core::{limits, RunId};
 use crate::grpc::api::Api;
 use crate::grpc::auth::{authorize, Need};
@@ -34,11 +34,11 @@ const TOKEN_MAX_BYTES: usize = 512;
 
 type Answer = Result<Response, ApiError>;
 
-/// Checks a token (reader or above) and keeps it in an HttpOnly cookie.
+/// Checks a token (reader or above, sent form-encoded as `token=...`) and
+/// keeps it in an HttpOnly cookie.
 pub async fn login(State(node): State<Arc<Node>>, body: String) -> Answer {
-    let v: Value = serde_json::from_str(&body)
-        .map_err(|e| ApiError::field("body", format!("expected {{\"token\": \"...\"}}: {e}")))?;
-    let token = v["token"].as_str().unwrap_or("");
+    let form = Params::parse(Some(&body))?;
+    let token = form.text("token");
     if token.is_empty() || token.len() > TOKEN_MAX_BYTES {
         return Err(ApiError::field(
             "token",
@@ -60,13 +60,13 @@ pub async fn login(State(node): State<Arc<Node>>, body: String) -> Answer {
     };
     authorize(&node, &caller.request(())?, Need::Read)?;
     let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
-    let body = json_body(&json!({ "auth": node.auth_required }));
+    let body = json_body(&obj([("auth", node.auth_required.into())]));
     Ok(([(header::SET_COOKIE, cookie)], body).into_response())
 }
 
 pub async fn logout() -> Response {
     let cookie = format!("{TOKEN_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
-    ([(header::SET_COOKIE, cookie)], json_body(&json!({}))).into_response()
+    ([(header::SET_COOKIE, cookie)], json_body(&obj([]))).into_response()
 }
 
 pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Answer {
@@ -74,9 +74,9 @@ pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Answe
     let s = service(&node)
         .status(caller.request(pb::StatusRequest {})?)
         .await?;
-    let mut v = j::status(s.get_ref());
-    v["auth"] = json!(node.auth_required);
-    v["answered_by"] = json!(node.id);
+    let v = j::status(s.get_ref())
+        .with("auth", node.auth_required)
+        .with("answered_by", node.id);
     Ok(json_body(&v))
 }
 
@@ -150,9 +150,11 @@ pub async fn jobs(
             break;
         }
     }
-    Ok(json_body(
-        &json!({ "jobs": out, "next_page_token": next, "scanned": scanned }),
-    ))
+    Ok(json_body(&obj([
+        ("jobs", Json::Arr(out)),
+        ("next_page_token", next.into()),
+        ("scanned", scanned.into()),
+    ])))
 }
 
 /// One job: its spec, its next fires and its statistics.
@@ -178,11 +180,11 @@ pub async fn job(
         Ok(r) => r.into_inner().fire_at_ms,
         Err(_) => Vec::new(),
     };
-    Ok(json_body(&json!({
-        "job": j::job(job.get_ref()),
-        "stats": j::stats(stats.get_ref()),
-        "next_fires": next_fires,
-    })))
+    Ok(json_body(&obj([
+        ("job", j::job(job.get_ref())),
+        ("stats", j::stats(stats.get_ref())),
+        ("next_fires", next_fires.into()),
+    ])))
 }
 
 /// The newest `count` runs of a job scheduled at or after `since_ms`, newest first.
@@ -218,11 +220,12 @@ pub async fn job_runs(
             break;
         }
     }
-    let runs: Vec<Value> = recent.iter().rev().map(j::run).collect();
-    let truncated = after != (0, 0);
-    Ok(json_body(
-        &json!({ "runs": runs, "scanned": scanned, "truncated": truncated }),
-    ))
+    let runs = recent.iter().rev().map(j::run).collect();
+    Ok(json_body(&obj([
+        ("runs", Json::Arr(runs)),
+        ("scanned", scanned.into()),
+        ("truncated", (after != (0, 0)).into()),
+    ])))
 }
 
 /// The ListRuns cursor that starts at `since_ms` (0: from the first run).
@@ -242,10 +245,10 @@ pub async fn job_action(
     let (api, caller) = (service(&node), Caller::from_headers(&headers));
     let r = caller.request(pb::JobRef { id })?;
     let v = match action.as_str() {
-        "pause" => json!({ "job": j::job(api.pause_job(r).await?.get_ref()) }),
-        "resume" => json!({ "job": j::job(api.resume_job(r).await?.get_ref()) }),
-        "trigger" => json!({ "run": j::run(api.trigger_job(r).await?.get_ref()) }),
-        "delete" => json!({ "deleted": api.delete_job(r).await?.get_ref().deleted }),
+        "pause" => obj([("job", j::job(api.pause_job(r).await?.get_ref()))]),
+        "resume" => obj([("job", j::job(api.resume_job(r).await?.get_ref()))]),
+        "trigger" => obj([("run", j::run(api.trigger_job(r).await?.get_ref()))]),
+        "delete" => obj([("deleted", api.delete_job(r).await?.get_ref().deleted.into())]),
         other => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -267,7 +270,7 @@ pub async fn retry_run(
     let run = service(&node)
         .retry_run(caller.request(pb::RunRef { run_id })?)
         .await?;
-    Ok(json_body(&json!({ "run": j::run(run.get_ref()) })))
+    Ok(json_body(&obj([("run", j::run(run.get_ref()))])))
 }
 
 /// Runs across jobs: of jobs in `group` (all if empty), scheduled at or
@@ -341,11 +344,11 @@ pub async fn runs(
             break;
         }
     }
-    Ok(json_body(&json!({
-        "runs": scan.out,
-        "next_page_token": scan.next.unwrap_or_default(),
-        "scanned": scan.scanned,
-    })))
+    Ok(json_body(&obj([
+        ("runs", Json::Arr(scan.out)),
+        ("next_page_token", scan.next.unwrap_or_default().into()),
+        ("scanned", scan.scanned.into()),
+    ])))
 }
 
 /// Run states a run query may ask for.
@@ -366,7 +369,7 @@ struct RunScan {
     state: Option<String>,
     since: (i64, u32),
     page_size: usize,
-    out: Vec<Value>,
+    out: Vec<Json>,
     scanned: usize,
     /// Set once the page is full or the budget is spent: where to go on.
     next: Option<String>,

@@ -91,6 +91,7 @@ async fn guard_actions(req: axum::extract::Request, next: axum::middleware::Next
 }
 
 /// An error answer: `{"error": message}` with an HTTP status.
+#[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
     message: String,
@@ -130,13 +131,13 @@ impl From<tonic::Status> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": self.message });
+        let body = json::obj([("error", self.message.into())]);
         (self.status, json_body(&body)).into_response()
     }
 }
 
 /// A JSON answer.
-pub fn json_body(v: &serde_json::Value) -> Response {
+pub fn json_body(v: &json::Json) -> Response {
     (
         [
             (header::CONTENT_TYPE, "application/json"),

@@ -72,7 +72,7 @@ pub async fn watch(
                     )
                 }
                 Some(Err(s)) => {
-                    let data = serde_json::json!({ "error": s.message() }).to_string();
+                    let data = j::obj([("error", s.message().into())]).to_string();
                     (Event::default().event("watch_error").data(data), true)
                 }
                 None => return,

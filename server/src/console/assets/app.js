@@ -42,7 +42,6 @@ class AuthNeeded extends Error {}
 async function api(path, opts = {}) {
   const headers = { Accept: "application/json" };
   if (opts.method === "POST") headers["X-Kairos-Action"] = "1";
-  if (opts.body) headers["Content-Type"] = "application/json";
   const r = await fetch(path, { credentials: "same-origin", method: opts.method || "GET", headers, body: opts.body });
   let body = {};
   try { body = await r.json(); } catch (_) { body = { error: "HTTP " + r.status }; }
@@ -258,7 +257,7 @@ function loginPage(reason) {
   const form = el("form", { class: "filters", onsubmit: async (e) => {
     e.preventDefault();
     try {
-      await api("/api/login", { method: "POST", body: JSON.stringify({ token: input.value }) });
+      await api("/api/login", { method: "POST", body: new URLSearchParams({ token: input.value }) });
       showError("");
       startLive();
       route();
