@@ -280,7 +280,9 @@ function parseHash() {
 async function route() {
   const r = parseHash();
   current = r;
+  // Test hooks: which route is shown, and whether it finished rendering.
   document.body.dataset.page = r.name;
+  document.body.dataset.hash = location.hash;
   document.body.dataset.ready = "0";
   for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.id === "nav-" + r.name || (r.name === "job" && a.id === "nav-jobs"));
   let nodes;
