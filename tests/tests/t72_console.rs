@@ -334,7 +334,10 @@ async fn every_api_endpoint_answers_what_grpc_answers() {
     assert_eq!(runs["runs"][0]["worker"], "w-console");
     let since = failed.scheduled_at_ms - 3_600_000;
     let across = get(&h, &format!("/api/runs?state=failed&since_ms={since}")).await;
-    assert_eq!(ids(&across, "runs", "run_id"), [failed.run_id.clone()]);
+    assert_eq!(
+        ids(&across, "runs", "run_id"),
+        std::slice::from_ref(&failed.run_id)
+    );
     let none = get(
         &h,
         &format!("/api/runs?state=failed&group=h&since_ms={since}"),
@@ -892,7 +895,7 @@ async fn a_browser_sees_every_page_acts_and_updates_live() {
     let row = format!("tr[data-run=\"{}\"]", failed.run_id);
     assert_eq!(
         browser.texts("tr[data-run]", "data-run").await,
-        [failed.run_id.clone()]
+        std::slice::from_ref(&failed.run_id)
     );
     let error = browser
         .js(&format!(

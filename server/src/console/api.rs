@@ -91,6 +91,10 @@ fn id_param(p: &Params, name: &str) -> Result<String, ApiError> {
     Ok(v.to_string())
 }
 
+fn page_size(p: &Params) -> Result<usize, ApiError> {
+    Ok(p.number("page_size", 1, PAGE_SIZE_MAX, 50)? as usize)
+}
+
 /// Jobs by id prefix, group and state (`paused` | `active`), in id order.
 pub async fn jobs(
     State(node): State<Arc<Node>>,
@@ -98,7 +102,7 @@ pub async fn jobs(
     RawQuery(q): RawQuery,
 ) -> Answer {
     let p = Params::parse(q.as_deref())?;
-    let page_size = p.number("page_size", 1, PAGE_SIZE_MAX, 50)? as usize;
+    let page_size = page_size(&p)?;
     let prefix = id_param(&p, "prefix")?;
     let group = id_param(&p, "group")?;
     let paused = match p.text("state") {
@@ -283,7 +287,7 @@ pub async fn runs(
     RawQuery(q): RawQuery,
 ) -> Answer {
     let p = Params::parse(q.as_deref())?;
-    let page_size = p.number("page_size", 1, PAGE_SIZE_MAX, 50)? as usize;
+    let page_size = page_size(&p)?;
     let since_ms = p.number("since_ms", 0, i64::MAX, 0)?;
     let group = id_param(&p, "group")?;
     let state = match p.text("state") {

@@ -182,7 +182,7 @@ pub fn job(j: &pb::Job) -> Json {
     obj([
         ("id", s.id.into()),
         ("group", s.group.into()),
-        ("schedule", schedule.into()),
+        ("schedule", schedule),
         ("paused", j.paused.into()),
         ("revision", j.revision.into()),
         ("created_at_ms", j.created_at_ms.into()),

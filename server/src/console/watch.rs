@@ -50,11 +50,24 @@ pub async fn watch(
         }
     }
     let caller = Caller::from_headers(&headers);
-    let mut events = service(&node)
+    let events = service(&node)
         .watch(caller.request(req)?)
         .await?
         .into_inner();
-    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(SSE_BUFFER);
+    let rx = bridge(events, SSE_BUFFER);
+    Ok(Sse::new(ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// Forwards watch events into a channel of `capacity` SSE events, ending
+/// (which closes the browser's stream) when the channel is full, when the
+/// browser has gone, or after a stream error (sent as a `watch_error` event).
+fn bridge<S>(mut events: S, capacity: usize) -> mpsc::Receiver<Result<Event, Infallible>>
+where
+    S: futures::Stream<Item = Result<pb::WatchEvent, tonic::Status>> + Send + Unpin + 'static,
+{
+    let (tx, rx) = mpsc::channel(capacity);
     tokio::spawn(async move {
         loop {
             let item = tokio::select! {
@@ -77,13 +90,55 @@ pub async fn watch(
                 }
                 None => return,
             };
-            // Full: this browser is too slow; dropping the sender ends its stream.
             if tx.try_send(Ok(event)).is_err() || last {
                 return;
             }
         }
     });
-    Ok(Sse::new(ReceiverStream::new(rx))
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(n: u64) -> impl futures::Stream<Item = Result<pb::WatchEvent, tonic::Status>> {
+        futures::stream::iter((1..=n).map(|index| {
+            Ok(pb::WatchEvent {
+                index,
+                ..Default::default()
+            })
+        }))
+    }
+
+    async fn drain(mut rx: mpsc::Receiver<Result<Event, Infallible>>) -> usize {
+        let mut n = 0;
+        while rx.recv().await.is_some() {
+            n += 1;
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn a_browser_that_does_not_read_is_dropped_at_the_buffer_bound() {
+        let rx = bridge(events(1000), 4);
+        // The bridge runs ahead of a reader that has not read yet, until it gives up.
+        while !rx.is_closed() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            drain(rx).await,
+            4,
+            "the buffer's worth, then the stream ends"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_error_is_sent_and_ends_the_stream() {
+        let failing = events(2).chain(futures::stream::iter([Err(tonic::Status::out_of_range(
+            "compacted — re-list",
+        ))]));
+        let rx = bridge(Box::pin(failing.chain(events(5))), 16);
+        assert_eq!(drain(rx).await, 3, "two events and the error");
+    }
 }

@@ -212,7 +212,7 @@ async function jobPage(id) {
     el("div", { class: "cols" },
       el("section", {}, el("h2", {}, "Spec"), spec),
       el("section", {}, el("h2", {}, "Statistics"), stats),
-      el("section", {}, el("h2", {}, "Next fires (UTC)"), el("ol", { id: "next-fires" }, ...d.next_fires.map(t => el("li", {}, time(t))))),
+      el("section", {}, el("h2", {}, j.paused ? "Next fires if resumed (UTC)" : "Next fires (UTC)"), el("ol", { id: "next-fires" }, ...d.next_fires.map(t => el("li", {}, time(t))))),
       el("section", {}, el("h2", {}, "Lateness"), latenessChart(recent.runs))),
     el("h2", {}, "Recent runs", recent.truncated ? " (history longer than scanned)" : ""),
     table(RUN_HEADERS, recent.runs.map(runRow)),
