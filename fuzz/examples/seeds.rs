@@ -9,7 +9,9 @@ use std::path::Path;
 use kairos_proto::v1 as pb;
 use kairos_server::core::codec::encode;
 use kairos_server::core::keys;
-use kairos_server::core::{Command, EntryKind, JobSpec, Policy, RunId, ScheduleInput, WheelKey};
+use kairos_server::core::{
+    Bounds, Command, EntryKind, JobSpec, Labels, Policy, RunId, ScheduleInput, WheelKey,
+};
 use kairos_server::raft::{Entry, LogId, SnapshotMeta, TypeConfig, Vote};
 use kairos_server::store::snapfile;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
@@ -25,6 +27,8 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         group: "g".into(),
         payload: b"echo hi".to_vec(),
         policy: Policy::default(),
+        bounds: Bounds::default(),
+        labels: Labels::new(),
     }
 }
 
@@ -86,10 +90,7 @@ fn histories() -> Vec<Vec<Command>> {
                 spec: spec("cron", cron),
                 now_ms: NOW_MS,
             },
-            Command::PauseJob {
-                id: "cron".into(),
-                now_ms: NOW_MS + 1,
-            },
+            Command::pause_job("cron".into(), "deploy freeze".into(), NOW_MS + 1),
             Command::ResumeJob {
                 id: "cron".into(),
                 now_ms: NOW_MS + 2,

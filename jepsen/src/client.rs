@@ -6,8 +6,8 @@
 use crate::event::Outcome;
 use kairos_proto::v1::{
     cluster_client::ClusterClient, jobs_client::JobsClient, schedule::Kind, AddLearnerRequest,
-    CreateJobRequest, Job, JobRef, JobSpec, MembershipResponse, MisfirePolicy, NodeRef, Schedule,
-    StatusRequest, StatusResponse, UpdateJobRequest,
+    CreateJobRequest, Job, JobRef, JobSpec, MembershipResponse, MisfirePolicy, NodeRef,
+    PauseJobRequest, Schedule, StatusRequest, StatusResponse, UpdateJobRequest,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -237,7 +237,10 @@ pub async fn delete(ch: &NodeChannel, id: &str, t: Duration) -> Result<bool, Sta
 }
 
 pub async fn pause(ch: &NodeChannel, id: &str, t: Duration) -> Result<Job, Status> {
-    let req = JobRef { id: id.to_string() };
+    let req = PauseJobRequest {
+        id: id.to_string(),
+        note: String::new(),
+    };
     Ok(JobsClient::new(ch.clone())
         .pause_job(request(req, t))
         .await?

@@ -126,6 +126,7 @@ async fn read_jobs(n: &Node) -> Result<Vec<FinalJob>, tonic::Status> {
         let req = ListJobsRequest {
             page_size: PAGE,
             page_token: token.clone(),
+            ..Default::default()
         };
         let page = client
             .list_jobs(local(req, CALL_TIMEOUT))

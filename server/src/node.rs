@@ -311,6 +311,14 @@ impl Node {
     /// into one log entry, if admission control lets it in (else it is
     /// refused at once with [`ProposeError::Overloaded`]).
     pub async fn propose_grouped(&self, cmd: Command) -> Result<Response, ProposeError> {
+        // Checked alone: in a batch it would refuse the others' commands too.
+        let (needs, active) = (cmd.min_format(), self.sm.log_format());
+        if needs > active && self.is_leader() {
+            let active = crate::upgrade::raise_now(self).await.unwrap_or(active);
+            if needs > active {
+                return Err(FormatTooNew { needs, active }.into());
+            }
+        }
         let bytes = crate::core::codec::encoded_len(&cmd);
         let now_ms = self.clock.mono_ms();
         let ticket = (self.admission).admit(bytes, self.apply_progress().1, now_ms)?;

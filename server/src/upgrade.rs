@@ -95,34 +95,34 @@ async fn every_member_reads(node: &Node) -> Result<u32, String> {
 pub async fn raise_active_format(node: Arc<Node>) {
     loop {
         tokio::time::sleep(CHECK).await;
-        let active = node.sm.log_format();
-        if !node.is_leader() || active >= LOG_FORMAT {
-            continue;
-        }
-        let _serial = node.format_change.lock().await;
-        let format = match every_member_reads(&node).await {
-            Ok(f) if f > active => f,
-            Ok(_) => continue,
-            Err(why) => {
-                tracing::debug!("log format {active} stays active for now: {why}");
-                continue;
+        if node.is_leader() && node.sm.log_format() < LOG_FORMAT {
+            if let Err(why) = raise_now(&node).await {
+                tracing::debug!("the active log format stays for now: {why}");
             }
-        };
-        let cmd = Command::ActivateLogFormat { format };
-        let entry = match VersionedCommand::at(&cmd, format) {
-            Ok(entry) => entry,
-            Err(e) => {
-                tracing::error!("activating log format {format}: {e}");
-                continue;
-            }
-        };
-        match node.propose_entry(entry).await {
-            Ok(_) => tracing::info!(
-                from = active,
-                to = format,
-                "every member reads log format {format}: it is now the cluster's active format"
-            ),
-            Err(e) => tracing::warn!("activating log format {format} did not commit: {e}"),
         }
     }
+}
+
+/// Raises the active format to the newest every member reads, now (a
+/// client write that needs a newer format than the active one asks this
+/// first, so a fresh cluster does not refuse it for the second before the
+/// periodic check). Returns the active format after it.
+pub(crate) async fn raise_now(node: &Node) -> Result<u32, String> {
+    let _serial = node.format_change.lock().await;
+    let active = node.sm.log_format();
+    let format = every_member_reads(node).await?;
+    if format <= active {
+        return Ok(active);
+    }
+    let cmd = Command::ActivateLogFormat { format };
+    let entry = VersionedCommand::at(&cmd, format).map_err(|e| e.to_string())?;
+    node.propose_entry(entry)
+        .await
+        .map_err(|e| format!("activating log format {format} did not commit: {e}"))?;
+    tracing::info!(
+        from = active,
+        to = format,
+        "every member reads log format {format}: it is now the cluster's active format"
+    );
+    Ok(node.sm.log_format())
 }

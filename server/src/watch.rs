@@ -112,6 +112,7 @@ fn change_of(e: &Effect) -> Option<(&str, &str, Change)> {
         | Effect::Ended { .. }
         | Effect::Cancel { .. }
         | Effect::Restored
+        | Effect::FiringResumed
         | Effect::Misfired { .. } => return None,
     })
 }

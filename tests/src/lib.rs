@@ -624,7 +624,10 @@ pub async fn fires_on_without_gap(cluster: &Cluster, c: &Client, ids: &[u64]) {
         (c.list_runs("tick", 100_000).await.ok()?.len() >= before + 5).then_some(())
     })
     .await;
-    let r = pb::JobRef { id: "tick".into() };
+    let r = pb::PauseJobRequest {
+        id: "tick".into(),
+        ..Default::default()
+    };
     c.jobs(|mut j| {
         let r = r.clone();
         async move { j.pause_job(r).await }

@@ -189,7 +189,13 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
             "pause" => c
                 .jobs(|mut j| {
                     let r = r.clone();
-                    async move { j.pause_job(r).await }
+                    async move {
+                        j.pause_job(pb::PauseJobRequest {
+                            id: r.id,
+                            ..Default::default()
+                        })
+                        .await
+                    }
                 })
                 .await
                 .map(|_| ()),
@@ -249,7 +255,13 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
     let paused = c
         .jobs(|mut j| {
             let r = r.clone();
-            async move { j.pause_job(r).await }
+            async move {
+                j.pause_job(pb::PauseJobRequest {
+                    id: r.id,
+                    ..Default::default()
+                })
+                .await
+            }
         })
         .await
         .unwrap();
@@ -327,6 +339,7 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
         let req = pb::ListJobsRequest {
             page_size: 10,
             page_token: token.clone(),
+            ..Default::default()
         };
         let page = c
             .jobs(|mut j| {
@@ -346,7 +359,7 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
         .jobs(|mut j| async move {
             j.list_jobs(pb::ListJobsRequest {
                 page_size: 5000,
-                page_token: String::new(),
+                ..Default::default()
             })
             .await
         })

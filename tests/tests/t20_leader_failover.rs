@@ -50,7 +50,13 @@ async fn leader_kill_keeps_firing_without_gap_or_double() {
     let r = pb::JobRef { id: "tick".into() };
     c.jobs(|mut j| {
         let r = r.clone();
-        async move { j.pause_job(r).await }
+        async move {
+            j.pause_job(pb::PauseJobRequest {
+                id: r.id,
+                ..Default::default()
+            })
+            .await
+        }
     })
     .await
     .unwrap();

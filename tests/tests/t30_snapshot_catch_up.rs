@@ -63,6 +63,7 @@ async fn lagging_follower_installs_a_snapshot_and_converges() {
         j.list_jobs(kairos_client::pb::ListJobsRequest {
             page_size: 1000,
             page_token: String::new(),
+            ..Default::default()
         })
         .await
     });

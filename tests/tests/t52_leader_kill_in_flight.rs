@@ -93,7 +93,13 @@ async fn runs_in_flight_survive_a_leader_kill_without_concurrent_attempts() {
     };
     c.jobs(|mut j| {
         let r = req.clone();
-        async move { j.pause_job(r).await }
+        async move {
+            j.pause_job(pb::PauseJobRequest {
+                id: r.id,
+                ..Default::default()
+            })
+            .await
+        }
     })
     .await
     .unwrap();

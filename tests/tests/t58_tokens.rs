@@ -292,15 +292,25 @@ async fn job_history_names_the_token_behind_each_change() {
     create(&ops, every_job("nightly", "g", 60_000))
         .await
         .unwrap();
-    admin
+    let paused = admin
         .jobs(|mut j| async move {
-            j.pause_job(pb::JobRef {
+            j.pause_job(pb::PauseJobRequest {
                 id: "nightly".into(),
+                note: "freeze".into(),
             })
             .await
         })
         .await
         .unwrap();
+    assert_eq!(
+        (paused.pause_note.as_str(), paused.paused_by.as_str()),
+        ("freeze", "admin")
+    );
+    // The cluster-wide firing switch is the admin's, and names who set it.
+    let e = pause_firing(&ops).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let f = pause_firing(&admin).await.unwrap();
+    assert_eq!((f.paused, f.by.as_str()), (true, "admin"));
     let h = ops
         .jobs(|mut j| async move {
             j.job_history(pb::JobRef {
@@ -317,4 +327,15 @@ async fn job_history_names_the_token_behind_each_change() {
         .collect();
     assert_eq!(seen, vec![(1, "create", "ops"), (2, "pause", "admin")]);
     assert!(h.revisions.iter().all(|r| r.at_ms > 0));
+}
+
+async fn pause_firing(c: &Client) -> Result<pb::FiringStatus, tonic::Status> {
+    let req = pb::PauseFiringRequest {
+        note: "incident".into(),
+    };
+    c.call(|ch| {
+        let req = req.clone();
+        async move { ClusterClient::new(ch).pause_firing(req).await }
+    })
+    .await
 }

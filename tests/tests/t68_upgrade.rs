@@ -11,10 +11,11 @@
 
 use std::time::Duration;
 
+use kairos_client::pb;
 use kairos_server::core::command::{LOG_FORMAT, LOG_FORMAT_INITIAL};
 use kairos_tests::{
-    add_learner, fires_on_without_gap, previous_release_bin, rejoined, start_ticking, wait_for,
-    Cluster,
+    add_learner, create, every_job, fires_on_without_gap, previous_release_bin, rejoined,
+    start_ticking, wait_for, Cluster,
 };
 use tonic::Code;
 
@@ -62,6 +63,13 @@ async fn new_format_active(cluster: &Cluster, via: u64) {
     .await;
 }
 
+/// A job with a label (log format 3).
+fn labelled(id: &str) -> pb::JobSpec {
+    let mut spec = every_job(id, "g", 60_000);
+    spec.job_labels.insert("team".into(), "pay".into());
+    spec
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once() {
     let old = previous_release_bin();
@@ -92,9 +100,47 @@ async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once()
         }
     }
     new_format_active(&cluster, first).await;
+    let job = create(&c, labelled("labelled")).await.unwrap();
+    assert_eq!(
+        job.spec.unwrap().job_labels.get("team").map(String::as_str),
+        Some("pay")
+    );
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
     let s = c.status().await.unwrap();
     assert!(s.nodes.iter().all(|n| n.refusal.is_empty()), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_member_runs_the_previous_release_a_new_leader_refuses_what_it_could_not_read() {
+    let old = previous_release_bin();
+    let mut cluster = Cluster::start_each(3, &[], &|n| {
+        if n.id == 3 {
+            n.bin = Some(old.clone());
+        }
+    });
+    let mut leader = cluster.wait_leader().await;
+    if leader == 3 {
+        // The old node leads: stop it until a new one does.
+        cluster.terminate(3, Duration::from_secs(20));
+        leader = cluster.wait_leader().await;
+        cluster.start_node(3);
+    }
+    let c = cluster.client_of(leader);
+    let e = create(&c, labelled("labelled"))
+        .await
+        .expect_err("node 3 could not read it");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let want = format!(
+        "needs log format {LOG_FORMAT}, but the cluster's active log format is {PREVIOUS_READS}"
+    );
+    assert!(e.message().contains(&want), "{e:?}");
+    // Nothing was written, and what every format has is still taken.
+    let plain = create(&c, every_job("labelled", "g", 60_000))
+        .await
+        .unwrap();
+    assert!(plain.spec.unwrap().job_labels.is_empty());
+    let s = c.status().await.unwrap();
+    assert_eq!(s.log_format, PREVIOUS_READS, "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

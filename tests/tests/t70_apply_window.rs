@@ -41,7 +41,7 @@ async fn kill_every_node_before_the_flush_and_the_log_brings_the_state_back() {
     let ids = wait_for("the jobs back", Duration::from_secs(60), || async {
         let req = pb::ListJobsRequest {
             page_size: 100,
-            page_token: String::new(),
+            ..Default::default()
         };
         let page = c
             .jobs(|mut j| {

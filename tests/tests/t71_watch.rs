@@ -146,7 +146,13 @@ async fn job_call(c: &Client, id: &str, what: &str) {
         let (r, what) = (r.clone(), what.clone());
         async move {
             match what.as_str() {
-                "pause" => j.pause_job(r).await.map(|_| tonic::Response::new(())),
+                "pause" => j
+                    .pause_job(pb::PauseJobRequest {
+                        id: r.id,
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|_| tonic::Response::new(())),
                 "resume" => j.resume_job(r).await.map(|_| tonic::Response::new(())),
                 _ => j.delete_job(r).await.map(|_| tonic::Response::new(())),
             }

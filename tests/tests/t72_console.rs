@@ -143,7 +143,7 @@ async fn grpc_jobs(c: &Client) -> Vec<pb::Job> {
     c.jobs(|mut j| async move {
         j.list_jobs(pb::ListJobsRequest {
             page_size: 1000,
-            page_token: String::new(),
+            ..Default::default()
         })
         .await
     })
@@ -210,9 +210,15 @@ async fn seed(c: &Client) -> pb::Run {
     for (id, group) in [("alpha-1", "h"), ("alpha-2", "k"), ("beta", "h")] {
         create(c, every_job(id, group, 3_600_000)).await.unwrap();
     }
-    c.jobs(|mut j| async move { j.pause_job(pb::JobRef { id: "beta".into() }).await })
+    c.jobs(|mut j| async move {
+        j.pause_job(pb::PauseJobRequest {
+            id: "beta".into(),
+            note: String::new(),
+        })
         .await
-        .unwrap();
+    })
+    .await
+    .unwrap();
     create(c, boom_job("boom")).await.unwrap();
     wait_for("boom to fail", WAIT, || async {
         let runs = c.list_runs("boom", 10).await.ok()?;
@@ -279,7 +285,12 @@ async fn every_api_endpoint_answers_what_grpc_answers() {
     );
     assert_eq!(
         ids(&get(&h, "/api/jobs?state=active").await, "jobs", "id"),
-        ["alpha-1", "alpha-2", "boom"]
+        ["alpha-1", "alpha-2"]
+    );
+    // A one-shot that fired is finished.
+    assert_eq!(
+        ids(&get(&h, "/api/jobs?state=finished").await, "jobs", "id"),
+        ["boom"]
     );
     let first = get(&h, "/api/jobs?page_size=1").await;
     assert_eq!(
@@ -378,11 +389,12 @@ async fn every_api_endpoint_answers_what_grpc_answers() {
     }
 
     // Actions through a follower reach the leader, as gRPC writes do.
-    assert_eq!(
-        post(&h, "/api/jobs/alpha-1/pause").await["job"]["paused"],
-        true
-    );
-    assert!(grpc_job(&c, "alpha-1").await.unwrap().paused);
+    let paused = post(&h, "/api/jobs/alpha-1/pause?note=maintenance+window").await;
+    assert_eq!(paused["job"]["paused"], true, "{paused}");
+    let on_grpc = grpc_job(&c, "alpha-1").await.unwrap();
+    assert!(on_grpc.paused);
+    assert_eq!(on_grpc.pause_note, "maintenance window");
+    assert_eq!(paused["job"]["pause_note"], "maintenance window");
     assert_eq!(
         post(&h, "/api/jobs/alpha-1/resume").await["job"]["paused"],
         false

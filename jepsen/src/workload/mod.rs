@@ -53,7 +53,8 @@ impl Ctx {
     }
 }
 
-/// A successful answer.
+/// A successful answer (short-lived, one per operation).
+#[allow(clippy::large_enum_variant)]
 pub enum Reply {
     Job(Job),
     Deleted(bool),

@@ -1,9 +1,9 @@
 //! The console's JSON handlers. Each calls the gRPC service methods (same
 //! auth, validation, read barrier and leader forwarding) and converts the
 //! answer with `json`. Limits: pages of at most `PAGE_SIZE_MAX` rows, and
-//! scans that filter (jobs by prefix/group/state, runs across jobs) stop after
-//! `JOBS_SCAN_MAX` jobs or `RUNS_SCAN_MAX` run records and hand back a
-//! `next_page_token` to go on from.
+//! the scans the gRPC API has no single call for (runs across jobs, a job's
+//! newest runs) stop after `JOBS_SCAN_MAX` jobs or `RUNS_SCAN_MAX` run
+//! records and hand back a `next_page_token` to go on from.
 
 use std::sync::Arc;
 
@@ -95,69 +95,31 @@ fn page_size(p: &Params) -> Result<usize, ApiError> {
     Ok(p.number("page_size", 1, PAGE_SIZE_MAX, 50)? as usize)
 }
 
-/// Jobs by id prefix, group and state (`paused` | `active`), in id order.
+/// Jobs in id order, filtered by `ListJobs` itself: id `prefix`, `group`,
+/// label `selector` (`k=v,...`) and `state` (active | paused | finished).
+/// A page may hold fewer than `page_size` jobs with a `next_page_token`.
 pub async fn jobs(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Answer {
     let p = Params::parse(q.as_deref())?;
-    let page_size = page_size(&p)?;
-    let prefix = id_param(&p, "prefix")?;
-    let group = id_param(&p, "group")?;
-    let paused = match p.text("state") {
-        "" | "all" => None,
-        "paused" => Some(true),
-        "active" => Some(false),
-        other => {
-            return Err(ApiError::field(
-                "state",
-                format!("one of all, paused, active; got {other:?}"),
-            ))
-        }
+    let req = pb::ListJobsRequest {
+        page_size: page_size(&p)? as u32,
+        page_token: p.text("page_token").to_string(),
+        group: p.text("group").to_string(),
+        selector: p.text("selector").to_string(),
+        state: p.text("state").to_string(),
+        id_prefix: p.text("prefix").to_string(),
     };
-    let mut after = id_param(&p, "page_token")?;
-    if after.is_empty() {
-        // Just below the prefix: ids before it cannot start with it.
-        let mut below = prefix.clone();
-        below.pop();
-        after = below;
-    }
-    let (api, caller) = (service(&node), Caller::from_headers(&headers));
-    let (mut out, mut scanned, mut next) = (Vec::new(), 0, String::new());
-    'scan: loop {
-        let req = pb::ListJobsRequest {
-            page_size: SCAN_PAGE,
-            page_token: after.clone(),
-        };
-        let page = api.list_jobs(caller.request(req)?).await?.into_inner();
-        for job in &page.jobs {
-            let spec = job.spec.as_ref().map(|s| (s.id.as_str(), s.group.as_str()));
-            let (id, g) = spec.unwrap_or_default();
-            if !id.starts_with(&prefix) && id > prefix.as_str() {
-                break 'scan; // Past every id with the prefix.
-            }
-            scanned += 1;
-            after = id.to_string();
-            let wanted = id.starts_with(&prefix)
-                && (group.is_empty() || g == group)
-                && paused.is_none_or(|p| p == job.paused);
-            if wanted {
-                out.push(j::job(job));
-            }
-            if out.len() == page_size || scanned >= JOBS_SCAN_MAX {
-                next = after.clone();
-                break 'scan;
-            }
-        }
-        if page.next_page_token.is_empty() {
-            break;
-        }
-    }
+    let caller = Caller::from_headers(&headers);
+    let page = service(&node)
+        .list_jobs(caller.request(req)?)
+        .await?
+        .into_inner();
     Ok(json_body(&obj([
-        ("jobs", Json::Arr(out)),
-        ("next_page_token", next.into()),
-        ("scanned", scanned.into()),
+        ("jobs", Json::Arr(page.jobs.iter().map(j::job).collect())),
+        ("next_page_token", page.next_page_token.into()),
     ])))
 }
 
@@ -245,14 +207,26 @@ pub async fn job_action(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
     Path((id, action)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
 ) -> Answer {
+    let p = Params::parse(q.as_deref())?;
     let (api, caller) = (service(&node), Caller::from_headers(&headers));
-    let r = caller.request(pb::JobRef { id })?;
+    let job = || caller.request(pb::JobRef { id: id.clone() });
     let v = match action.as_str() {
-        "pause" => obj([("job", j::job(api.pause_job(r).await?.get_ref()))]),
-        "resume" => obj([("job", j::job(api.resume_job(r).await?.get_ref()))]),
-        "trigger" => obj([("run", j::run(api.trigger_job(r).await?.get_ref()))]),
-        "delete" => obj([("deleted", api.delete_job(r).await?.get_ref().deleted.into())]),
+        "pause" => {
+            let note = p.text("note").to_string();
+            let r = caller.request(pb::PauseJobRequest {
+                id: id.clone(),
+                note,
+            })?;
+            obj([("job", j::job(api.pause_job(r).await?.get_ref()))])
+        }
+        "resume" => obj([("job", j::job(api.resume_job(job()?).await?.get_ref()))]),
+        "trigger" => obj([("run", j::run(api.trigger_job(job()?).await?.get_ref()))]),
+        "delete" => obj([(
+            "deleted",
+            api.delete_job(job()?).await?.get_ref().deleted.into(),
+        )]),
         other => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -324,6 +298,8 @@ pub async fn runs(
         let req = pb::ListJobsRequest {
             page_size: SCAN_PAGE,
             page_token: job_after.clone(),
+            group: group.clone(),
+            ..Default::default()
         };
         let page = scan
             .api
@@ -333,9 +309,7 @@ pub async fn runs(
         for spec in page.jobs.iter().filter_map(|j| j.spec.as_ref()) {
             jobs_seen += 1;
             job_after = spec.id.clone();
-            if group.is_empty() || spec.group == group {
-                scan.job(&spec.id, scan.since).await?;
-            }
+            scan.job(&spec.id, scan.since).await?;
             if scan.next.is_some() {
                 break;
             }

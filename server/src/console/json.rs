@@ -184,6 +184,16 @@ pub fn job(j: &pb::Job) -> Json {
         ("group", s.group.into()),
         ("schedule", schedule),
         ("paused", j.paused.into()),
+        ("state", (&j.state).into()),
+        ("fired_count", j.fired_count.into()),
+        ("finished_at_ms", j.finished_at_ms.into()),
+        ("pause_note", (&j.pause_note).into()),
+        ("paused_by", (&j.paused_by).into()),
+        ("paused_at_ms", j.paused_at_ms.into()),
+        ("start_at_ms", s.start_at_ms.into()),
+        ("end_at_ms", s.end_at_ms.into()),
+        ("max_runs", s.max_runs.into()),
+        ("job_labels", strings(s.job_labels)),
         ("revision", j.revision.into()),
         ("created_at_ms", j.created_at_ms.into()),
         ("updated_at_ms", j.updated_at_ms.into()),
@@ -206,6 +216,12 @@ pub fn job(j: &pb::Job) -> Json {
         ("keep_runs", s.keep_runs.into()),
         ("keep_for_ms", s.keep_for_ms.into()),
     ])
+}
+
+fn strings(map: std::collections::HashMap<String, String>) -> Json {
+    let mut pairs: Vec<(String, Json)> = map.into_iter().map(|(k, v)| (k, v.into())).collect();
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    Json::Obj(pairs)
 }
 
 pub fn run(r: &pb::Run) -> Json {

@@ -40,6 +40,8 @@ pub enum Effect {
     /// An occurrence was due longer ago than its job's misfire grace and
     /// was handled by `policy`: the leader counts it.
     Misfired { group: String, policy: Misfire },
+    /// Firing resumed cluster-wide: the leader reloads its wheel from state.
+    FiringResumed,
     /// A job was created, changed, deleted, paused or resumed (for watchers;
     /// `group` is the job's group after the change).
     JobChanged {
@@ -121,6 +123,7 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::UpdateJob { now_ms, .. }
         | Command::DeleteJob { now_ms, .. }
         | Command::PauseJob { now_ms, .. }
+        | Command::PauseJobNoted { now_ms, .. }
         | Command::ResumeJob { now_ms, .. }
         | Command::TriggerJob { now_ms, .. }
         | Command::Fire { now_ms, .. }
@@ -131,8 +134,12 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::PutToken { now_ms, .. }
         | Command::RevokeToken { now_ms, .. }
         | Command::RestorePairs { now_ms, .. }
-        | Command::Housekeep { now_ms, .. } => *now_ms,
-        Command::Dedup { command, .. } | Command::Authored { command, .. } => command_time(command),
+        | Command::Housekeep { now_ms, .. }
+        | Command::PauseFiring { now_ms, .. }
+        | Command::ResumeFiring { now_ms } => *now_ms,
+        Command::Dedup { command, .. }
+        | Command::Authored { command, .. }
+        | Command::SpecExtended { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
         // Carries no time: state-machine time stays where it is.
@@ -212,14 +219,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     fn run(&mut self, cmd: &'a Command) -> Result<Response, CommandError> {
         match cmd {
-            Command::CreateJob { spec, .. } => self.create_job(spec).map(Response::Job),
-            Command::UpdateJob {
-                spec,
-                expected_revision,
-                ..
-            } => self.update_job(spec, *expected_revision).map(Response::Job),
+            // A spec decoded from a log entry has no extension of its own;
+            // one built in memory (tests, tools) is read the same way.
+            Command::CreateJob { .. } | Command::UpdateJob { .. } => {
+                self.put_spec(cmd, &SpecExt::default())
+            }
+            Command::SpecExtended { ext, command } => self.put_spec(command, ext),
             Command::DeleteJob { id, .. } => self.delete_job(id).map(Response::Deleted),
-            Command::PauseJob { id, .. } => self.pause_job(id).map(Response::Job),
+            Command::PauseJob { id, .. } => self.pause_job(id, "").map(Response::Job),
+            Command::PauseJobNoted { id, note, .. } => self.pause_job(id, note).map(Response::Job),
             Command::ResumeJob { id, .. } => self.resume_job(id).map(Response::Job),
             Command::TriggerJob { id, widths, .. } => {
                 self.set_widths(widths)?;
@@ -245,6 +253,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 pairs, first, last, ..
             } => self.restore_pairs(pairs, *first, *last),
             Command::Housekeep { max_deletes, .. } => self.housekeep(*max_deletes),
+            Command::PauseFiring { note, .. } => self.pause_firing(note).map(Response::Firing),
+            Command::ResumeFiring { .. } => Ok(Response::Firing(self.resume_firing())),
             Command::Authored { actor, command } => {
                 if matches!(
                     **command,
@@ -343,7 +353,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         // Apply later decodes these values: a pair that does not is refused here.
         for (k, v) in pairs {
             let ok = match k[0] {
-                keys::JOB => decode::<Job>(v).is_ok(),
+                keys::JOB => Job::from_record(v).is_ok(),
                 keys::RUN => decode::<Run>(v).is_ok(),
                 keys::ACTIVE => decode::<ActiveRun>(v).is_ok(),
                 keys::JOB_HISTORY => decode::<JobRevision>(v).is_ok(),
@@ -475,8 +485,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.o.put(key, encode(v));
     }
 
+    fn put_job(&mut self, job: &Job) {
+        self.o.put(keys::job(&job.id), job.to_record());
+    }
+
     fn job(&self, id: &str) -> Result<Job, CommandError> {
-        get(&self.o, &keys::job(id)).ok_or_else(|| CommandError::NotFound(id.to_string()))
+        self.o
+            .get(&keys::job(id))
+            .and_then(|b| Job::from_record(&b).ok())
+            .ok_or_else(|| CommandError::NotFound(id.to_string()))
     }
 
     fn run_rec(&self, id: &RunId) -> Option<Run> {
@@ -532,19 +549,60 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
     }
 
-    /// First occurrence of a freshly (re)scheduled job, strictly after `after` except for one-shots.
+    /// First occurrence of a freshly (re)scheduled job, strictly after
+    /// `after` except for one-shots, and not before the job's start.
     fn first_occurrence(&self, job: &Job, after: i64) -> Result<Option<i64>, CommandError> {
+        let start = job.bounds.start_at_ms.unwrap_or(i64::MIN);
         if let Schedule::Once { at_ms } = job.schedule {
             let fired = self.run_rec(&RunId::new(&job.id, at_ms)).is_some();
-            return Ok((!fired).then_some(at_ms));
+            return Ok((!fired && at_ms >= start).then_some(at_ms));
         }
-        next_after(&job.schedule, after)
+        next_after(&job.schedule, after.max(start.saturating_sub(1)))
+    }
+
+    /// Sets the job's next occurrence if its bounds allow one (not after
+    /// its end, fewer than `max_runs` fired); with none left the job is
+    /// finished: kept, with no wheel entry.
+    fn schedule_next(&mut self, job: &mut Job, next: Option<i64>) {
+        let b = &job.bounds;
+        let runs_left = b.max_runs.is_none_or(|max| job.fired_count < max);
+        let allowed = next.filter(|at| runs_left && b.end_at_ms.is_none_or(|end| *at <= end));
+        if allowed.is_some() {
+            job.finished_at_ms = None;
+        } else if next.is_some() {
+            job.finished_at_ms = job.finished_at_ms.or(Some(self.now));
+        }
+        self.set_next(job, allowed);
+    }
+
+    /// Counts a scheduled occurrence fired, for a job whose bounds count them.
+    fn count_fire(job: &mut Job) {
+        if job.bounds.max_runs.is_some() {
+            job.fired_count = job.fired_count.saturating_add(1);
+        }
     }
 
     // ------------------------------------------------------------ job commands
 
+    /// A `CreateJob` or `UpdateJob` whose spec has `ext` as its extension.
+    fn put_spec(&mut self, cmd: &Command, ext: &SpecExt) -> Result<Response, CommandError> {
+        match cmd {
+            Command::CreateJob { spec, .. } => self.create_job(&spec.with_ext(ext)),
+            Command::UpdateJob {
+                spec,
+                expected_revision,
+                ..
+            } => self.update_job(&spec.with_ext(ext), *expected_revision),
+            _ => Err(CommandError::Invalid(
+                "command: an extended spec wraps one job create or update".into(),
+            )),
+        }
+        .map(Response::Job)
+    }
+
     fn create_job(&mut self, spec: &JobSpec) -> Result<Job, CommandError> {
         validate::job_spec(spec, self.now)?;
+        validate::bounds_ahead(&spec.bounds, self.now)?;
         if self.o.get(&keys::job(&spec.id)).is_some() {
             return Err(CommandError::AlreadyExists(spec.id.clone()));
         }
@@ -570,10 +628,15 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             buffered_at_ms: None,
             history_len: 0,
             retention_due_ms: None,
+            bounds: spec.bounds.clone(),
+            labels: spec.labels.clone(),
+            fired_count: 0,
+            finished_at_ms: None,
+            pause: None,
         };
         let first = self.first_occurrence(&job, self.now)?;
-        self.set_next(&mut job, first);
-        self.put(keys::job(&job.id), &job);
+        self.schedule_next(&mut job, first);
+        self.put_job(&job);
         self.record_revision(&job, job.revision, "create");
         self.job_changed(&job, JobChange::Created);
         Ok(job)
@@ -590,12 +653,18 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 actual: job.revision,
             });
         }
-        let reschedule = !spec.schedule.matches(&job.schedule);
+        let bounds_changed = spec.bounds != job.bounds;
+        if bounds_changed {
+            validate::bounds_ahead(&spec.bounds, self.now)?;
+        }
+        let reschedule = !spec.schedule.matches(&job.schedule) || bounds_changed;
         let limits_changed = (job.policy.keep_runs, job.policy.keep_for_ms)
             != (spec.policy.keep_runs, spec.policy.keep_for_ms);
         job.group = spec.group.clone();
         job.payload = spec.payload.clone();
         job.policy = spec.policy.clone();
+        job.labels = spec.labels.clone();
+        job.bounds = spec.bounds.clone();
         if limits_changed {
             // Plans only: the deleting is housekeeping's, in bounded steps.
             self.prune(&mut job, 0);
@@ -603,11 +672,13 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.revision = job.revision.saturating_add(1);
         job.updated_at_ms = self.now;
         if reschedule {
-            job.schedule = spec.schedule.resolve(self.now);
+            if !spec.schedule.matches(&job.schedule) {
+                job.schedule = spec.schedule.resolve(self.now);
+            }
             let first = self.first_occurrence(&job, self.now)?;
-            self.set_next(&mut job, first);
+            self.schedule_next(&mut job, first);
         }
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
         self.record_revision(&job, job.revision, "update");
         self.job_changed(&job, JobChange::Updated);
         Ok(job)
@@ -658,14 +729,22 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
     }
 
-    fn pause_job(&mut self, id: &str) -> Result<Job, CommandError> {
+    /// Pauses the job, recording the note with who and when; pausing a
+    /// paused job again replaces its note.
+    fn pause_job(&mut self, id: &str, note: &str) -> Result<Job, CommandError> {
+        validate::pause_note(note)?;
         let mut job = self.job(id)?;
-        if !job.paused {
+        if !job.paused || job.pause.as_ref().map_or("", |p| p.note.as_str()) != note {
             self.set_next(&mut job, None);
             job.paused = true;
+            job.pause = (!note.is_empty()).then(|| PauseNote {
+                note: note.to_string(),
+                by: self.actor.to_string(),
+                at_ms: self.now,
+            });
             job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
-            self.put(keys::job(id), &job);
+            self.put_job(&job);
             self.record_revision(&job, job.revision, "pause");
             self.job_changed(&job, JobChange::Paused);
         }
@@ -677,11 +756,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let mut job = self.job(id)?;
         if job.paused {
             job.paused = false;
+            job.pause = None;
             job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
-            let first = self.first_occurrence(&job, self.now)?;
-            self.set_next(&mut job, first);
-            self.put(keys::job(id), &job);
+            if job.finished_at_ms.is_none() {
+                let first = self.first_occurrence(&job, self.now)?;
+                self.schedule_next(&mut job, first);
+            }
+            self.put_job(&job);
             self.record_revision(&job, job.revision, "resume");
             self.job_changed(&job, JobChange::Resumed);
         }
@@ -690,6 +772,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     fn trigger_job(&mut self, id: &str) -> Result<Run, CommandError> {
         let mut job = self.job(id)?;
+        if self.firing_paused().is_some() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?}: firing is paused cluster-wide (kairosctl cluster resume); trigger refused"
+            )));
+        }
         if job.active_runs > 0 && job.policy.overlap == Overlap::BufferOne {
             return Err(CommandError::FailedPrecondition(format!(
                 "job {id:?} has an active run and overlap buffer-one; trigger refused"
@@ -703,9 +790,40 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             )));
         }
         self.start_run(&mut job, self.now, "manual trigger".to_string());
-        self.put(keys::job(id), &job);
+        self.put_job(&job);
         self.run_rec(&run_id)
             .ok_or_else(|| CommandError::RunNotFound(run_id.to_string()))
+    }
+
+    // ------------------------------------------------------------ cluster firing pause
+
+    fn firing_paused(&self) -> Option<PauseNote> {
+        get(&self.o, keys::META_FIRING_PAUSED)
+    }
+
+    /// Pausing while paused keeps the first pause's who and when.
+    fn pause_firing(&mut self, note: &str) -> Result<Option<PauseNote>, CommandError> {
+        validate::pause_note(note)?;
+        if let Some(p) = self.firing_paused() {
+            return Ok(Some(p));
+        }
+        let p = PauseNote {
+            note: note.to_string(),
+            by: self.actor.to_string(),
+            at_ms: self.now,
+        };
+        self.put(keys::META_FIRING_PAUSED.to_vec(), &p);
+        Ok(Some(p))
+    }
+
+    /// The leader reloads its wheel: keys it proposed while firing was
+    /// paused were left in place by apply but taken out of its wheel.
+    fn resume_firing(&mut self) -> Option<PauseNote> {
+        if self.firing_paused().is_some() {
+            self.o.delete(keys::META_FIRING_PAUSED.to_vec());
+            self.effects.push(Effect::FiringResumed);
+        }
+        None
     }
 
     // ------------------------------------------------------------ firing
@@ -719,6 +837,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             )));
         }
         let (mut runs, mut skipped) = (0u32, 0u32);
+        if self.firing_paused().is_some() {
+            // The entries stay: they fire, late, once firing resumes.
+            skipped = u32::try_from(wheel_keys.len()).unwrap_or(u32::MAX);
+            return Ok(Response::Fired {
+                runs,
+                skipped_keys: skipped,
+            });
+        }
         for key in wheel_keys {
             let fired = key.fire_at_ms <= self.now && self.fire_key(key)?;
             if fired {
@@ -750,7 +876,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 }
                 job.next_fire_at_ms = None;
                 self.fire_occurrence(&mut job, key.fire_at_ms)?;
-                self.put(keys::job(&job.id), &job);
+                self.put_job(&job);
                 Ok(true)
             }
             EntryKind::Retry => Ok(self.fire_retry(&key.run_id(), key.fire_at_ms)),
@@ -776,6 +902,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                     String::new()
                 };
                 self.start_run(job, scheduled, note);
+                Self::count_fire(job);
                 next_after(&job.schedule, scheduled)?
             }
             (true, Misfire::Skip) => {
@@ -793,17 +920,23 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 walk.next
             }
             (true, Misfire::FireOnce) => {
-                let walk = walk_missed(&job.schedule, scheduled, self.now)?;
+                // The coalesced occurrence is the latest due one within the job's end.
+                let upto = job
+                    .bounds
+                    .end_at_ms
+                    .map_or(self.now, |end| end.min(self.now));
+                let walk = walk_missed(&job.schedule, scheduled, upto)?;
                 let note = format!(
                     "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
                     walk.count_text(),
                     self.now.saturating_sub(walk.last)
                 );
                 self.start_run(job, walk.last, note);
+                Self::count_fire(job);
                 walk.next
             }
         };
-        self.set_next(job, next);
+        self.schedule_next(job, next);
         Ok(())
     }
 
@@ -987,7 +1120,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 );
             }
         }
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
     }
 
     // ------------------------------------------------------------ retention
@@ -1125,7 +1258,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return 0;
         };
         let removed = self.prune(&mut job, limit);
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
         removed
     }
 
@@ -1325,7 +1458,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.active_runs = job.active_runs.saturating_add(1);
         self.ready(&run, &job.policy);
         self.save_live_run(&run, &job.policy);
-        self.put(keys::job(&job.id), &job);
+        self.put_job(&job);
         Ok(run)
     }
 }

@@ -31,8 +31,15 @@ pub fn encoded_len<T: Serialize>(v: &T) -> usize {
 pub const DECODE_LIMIT_BYTES: usize = 96 << 20;
 
 pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, bincode::error::DecodeError> {
+    decode_prefix(b).map(|(v, _)| v)
+}
+
+/// Decodes a value from the start of `b`, with the bytes it took.
+pub fn decode_prefix<T: DeserializeOwned>(
+    b: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
     let config = bincode::config::standard().with_limit::<DECODE_LIMIT_BYTES>();
-    bincode::serde::decode_from_slice(b, config).map(|(v, _)| v)
+    bincode::serde::decode_from_slice(b, config)
 }
 
 /// Something stored or received in a format this binary does not read.

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::codec::{check_format, decode, encode, FormatError};
-use super::types::{Job, JobSpec, Run, RunId, Token, WheelKey};
+use super::types::{Job, JobSpec, PauseNote, Run, RunId, SpecExt, Token, WheelKey};
 
 /// The newest log format this binary reads and can write. A leader writes
 /// entries at the cluster's *active* format (replicated, `query::log_format`),
@@ -19,7 +19,12 @@ use super::types::{Job, JobSpec, Run, RunId, Token, WheelKey};
 /// 1: the first versioned format (state format 8, with `Housekeep` and
 /// Quartz schedules); what a node that does not report its format reads.
 /// 2: the `ActivateLogFormat` command.
-pub const LOG_FORMAT: u32 = 2;
+/// 3: job bounds and labels (`SpecExtended`), pause notes (`PauseJobNoted`),
+/// the cluster firing switch (`PauseFiring`, `ResumeFiring`). bincode is not
+/// self-describing: what older formats lack travels in appended variants,
+/// never in fields added to existing ones, so format 1 and 2 entries keep
+/// decoding as they were written.
+pub const LOG_FORMAT: u32 = 3;
 /// The oldest log format this binary decodes.
 pub const LOG_FORMAT_OLDEST: u32 = 1;
 /// The format of a cluster that never activated one, and the newest format
@@ -219,6 +224,30 @@ pub enum Command {
     ActivateLogFormat {
         format: u32,
     },
+    /// A `CreateJob` or `UpdateJob` whose spec carries what a format 1 or 2
+    /// spec cannot: `ext` (bounds, labels) replaces the inner spec's.
+    SpecExtended {
+        ext: SpecExt,
+        command: Box<Command>,
+    },
+    /// `PauseJob` with a note (at most `limits::PAUSE_NOTE_MAX_BYTES`), kept
+    /// with who paused and when until the job is resumed.
+    PauseJobNoted {
+        id: String,
+        note: String,
+        now_ms: i64,
+    },
+    /// Stops all firing (an incident switch): while set, no occurrence or
+    /// retry entry fires and no trigger is taken; the entries stay.
+    PauseFiring {
+        note: String,
+        now_ms: i64,
+    },
+    /// Fires again: entries that fell due meanwhile fire late, each job's
+    /// misfire policy deciding.
+    ResumeFiring {
+        now_ms: i64,
+    },
 }
 
 impl Command {
@@ -226,6 +255,10 @@ impl Command {
     pub fn min_format(&self) -> u32 {
         match self {
             Command::ActivateLogFormat { format } => (*format).max(2),
+            Command::SpecExtended { .. }
+            | Command::PauseJobNoted { .. }
+            | Command::PauseFiring { .. }
+            | Command::ResumeFiring { .. } => 3,
             Command::Dedup { command, .. } | Command::Authored { command, .. } => {
                 command.min_format()
             }
@@ -235,6 +268,44 @@ impl Command {
                 .max()
                 .unwrap_or(LOG_FORMAT_INITIAL),
             _ => LOG_FORMAT_INITIAL,
+        }
+    }
+
+    /// Creates `spec`: in the plain variant every format has when the spec
+    /// uses nothing newer, else wrapped with its extension.
+    pub fn create_job(mut spec: JobSpec, now_ms: i64) -> Command {
+        Self::extended(spec.take_ext(), Command::CreateJob { spec, now_ms })
+    }
+
+    /// Updates to `spec` (`expected_revision` 0 skips the compare-and-set), as `create_job`.
+    pub fn update_job(mut spec: JobSpec, expected_revision: u64, now_ms: i64) -> Command {
+        Self::extended(
+            spec.take_ext(),
+            Command::UpdateJob {
+                spec,
+                expected_revision,
+                now_ms,
+            },
+        )
+    }
+
+    fn extended(ext: SpecExt, command: Command) -> Command {
+        if ext == SpecExt::default() {
+            command
+        } else {
+            Command::SpecExtended {
+                ext,
+                command: Box::new(command),
+            }
+        }
+    }
+
+    /// Pauses job `id`; a note needs `PauseJobNoted` (format 3).
+    pub fn pause_job(id: String, note: String, now_ms: i64) -> Command {
+        if note.is_empty() {
+            Command::PauseJob { id, now_ms }
+        } else {
+            Command::PauseJobNoted { id, note, now_ms }
         }
     }
 }
@@ -301,6 +372,8 @@ impl Response {
     }
 }
 
+// One per applied command and short-lived; the job variant is the common answer.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
     Job(Job),
@@ -322,4 +395,7 @@ pub enum Response {
     Housekept {
         removed: u32,
     },
+    /// The cluster-wide firing pause after `PauseFiring`/`ResumeFiring`
+    /// (`None`: firing).
+    Firing(Option<PauseNote>),
 }

@@ -43,6 +43,8 @@ pub const META_LAST_APPLIED: &[u8] = b"mlast_applied";
 pub const META_MEMBERSHIP: &[u8] = b"mmembership";
 /// Largest `now` any applied command carried: state-machine time never goes back.
 pub const META_TIME: &[u8] = b"mtime";
+/// Set while firing is paused cluster-wide (`PauseFiring`): its `PauseNote`.
+pub const META_FIRING_PAUSED: &[u8] = b"mfiring_paused";
 /// The cluster's active log format (`Command::ActivateLogFormat`); absent
 /// means `command::LOG_FORMAT_INITIAL`. Written only at log format 2 and up,
 /// so only ever seen by binaries that read it.
@@ -69,6 +71,11 @@ pub const META_TZDATA: &[u8] = b"mtzdata";
 /// the version in a `format` file instead of the `mversion` key, and log
 /// entries that carry their own format (`command::LOG_FORMAT`); also the
 /// Quartz cron schedules, appended to the schedule enums.
+/// Since log format 3 (still state format 8), a job record may end with an
+/// extension (bounds, labels, fired count, finished time, pause note:
+/// `Job::to_record`) and `mfiring_paused` may be set. Only format-3
+/// commands write them, and the cluster activates format 3 only once every
+/// member reads it, so a binary that would not read them never meets them.
 pub const STATE_VERSION: u32 = 8;
 /// The oldest state format this binary reads. Older data directories and
 /// snapshot files are refused, naming both versions: there is no in-place

@@ -4,7 +4,7 @@
 
 use super::codec::decode;
 use super::keys;
-use super::types::{Run, RunId};
+use super::types::{Job, JobState, Labels, Run, RunId};
 use super::view::StateView;
 
 /// Runs of `job` strictly after `after` (or from the first one), in
@@ -48,4 +48,85 @@ pub fn housekeeping_due<V: StateView + ?Sized>(view: &V, now_ms: i64) -> bool {
         || !view
             .range(&start, &keys::retention_due_upto(now_ms), 1)
             .is_empty()
+}
+
+/// What `ListJobs` keeps: every set condition must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobFilter {
+    pub group: Option<String>,
+    /// Every pair must be among the job's labels.
+    pub selector: Labels,
+    pub state: Option<JobState>,
+    pub id_prefix: String,
+}
+
+impl JobFilter {
+    pub fn matches(&self, job: &Job) -> bool {
+        self.group.as_ref().is_none_or(|g| *g == job.group)
+            && self.state.is_none_or(|st| st == job.state())
+            && self
+                .selector
+                .iter()
+                .all(|(k, v)| job.labels.get(k) == Some(v))
+    }
+}
+
+/// One page of [`jobs_page`]: `next_after` is where the next page starts
+/// (empty when the listing is complete).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobPage {
+    pub jobs: Vec<Job>,
+    pub next_after: String,
+}
+
+/// Jobs whose id is after `after` and that match `filter`, in id order:
+/// at most `page` of them, looking at most at `scan_max` jobs (the API
+/// passes `limits::LIST_SCAN_MAX`; read `SCAN_CHUNK` at a time), so a
+/// selective filter over many jobs returns a short page with a token
+/// rather than scanning them all.
+pub fn jobs_page<V: StateView + ?Sized>(
+    view: &V,
+    filter: &JobFilter,
+    after: &str,
+    page: usize,
+    scan_max: usize,
+) -> JobPage {
+    const SCAN_CHUNK: usize = 128;
+    let prefix = keys::job(&filter.id_prefix);
+    let end = keys::prefix_end(&prefix);
+    let mut start = keys::job(after).max(prefix);
+    if !after.is_empty() && start == keys::job(after) {
+        start.push(0); // the smallest key after `after`'s own
+    }
+    let (mut out, mut scanned, mut last) = (Vec::new(), 0usize, String::new());
+    while scanned < scan_max && out.len() < page {
+        let want = SCAN_CHUNK.min(scan_max - scanned);
+        let rows = view.range(&start, &end, want);
+        for (k, v) in &rows {
+            scanned += 1;
+            start = k.clone();
+            start.push(0);
+            let Ok(job) = Job::from_record(v) else {
+                continue;
+            };
+            last.clone_from(&job.id);
+            if filter.matches(&job) {
+                out.push(job);
+                if out.len() == page {
+                    break;
+                }
+            }
+        }
+        if rows.len() < want && out.len() < page {
+            // The range ended: nothing after this page.
+            return JobPage {
+                jobs: out,
+                next_after: String::new(),
+            };
+        }
+    }
+    JobPage {
+        jobs: out,
+        next_after: last,
+    }
 }

@@ -20,6 +20,8 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         group: "g".into(),
         payload: b"p".to_vec(),
         policy: Policy::default(),
+        bounds: Bounds::default(),
+        labels: Labels::new(),
     }
 }
 
@@ -106,11 +108,7 @@ fn trigger(id: &str, now_ms: i64) -> Command {
 }
 
 fn update(spec: JobSpec, expected_revision: u64, now_ms: i64) -> Command {
-    Command::UpdateJob {
-        spec,
-        expected_revision,
-        now_ms,
-    }
+    Command::update_job(spec, expected_revision, now_ms)
 }
 
 fn ready(run: &RunId, attempt: u32, timeout_ms: u64) -> Effect {
@@ -163,14 +161,16 @@ struct Sim {
 }
 
 impl Sim {
+    /// Applies `cmd` as a replica would: decoded from its log entry.
     fn exec(&mut self, cmd: Command) -> Applied {
+        let cmd = VersionedCommand::new(&cmd).command(0).expect("decodes");
         let a = apply(&self.view, &cmd);
         self.view.write(&a.writes);
         a
     }
 
     fn create(&mut self, spec: JobSpec, now_ms: i64) -> Applied {
-        let a = self.exec(Command::CreateJob { spec, now_ms });
+        let a = self.exec(Command::create_job(spec, now_ms));
         assert!(matches!(a.response, Response::Job(_)), "{:?}", a.response);
         a
     }
@@ -201,7 +201,9 @@ impl Sim {
     }
 
     fn try_job(&self, id: &str) -> Option<Job> {
-        self.view.get(&keys::job(id)).map(|b| decode(&b).unwrap())
+        self.view
+            .get(&keys::job(id))
+            .map(|b| Job::from_record(&b).unwrap())
     }
 
     fn run(&self, id: &RunId) -> Run {
@@ -2200,3 +2202,5 @@ fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
     let last = st.last_run.expect("a last run");
     assert_eq!(last.id, rid("a", T0 + 1000 + n as i64 - 1));
 }
+
+mod schedules;

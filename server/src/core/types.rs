@@ -3,7 +3,10 @@
 //! `grpc::convert` and never appear here. Maps are ordered so encodings are
 //! deterministic.
 
+use bincode::error::DecodeError;
 use serde::{Deserialize, Serialize};
+
+use super::codec::{decode_prefix, encode};
 
 pub use super::schedule::Schedule;
 
@@ -80,6 +83,21 @@ pub mod limits {
     pub const LABEL_MAX_BYTES: usize = 128;
     /// Groups listed with their worker counts in one Fire or Trigger command.
     pub const WIDTHS_MAX: usize = 65_536;
+    /// The most a job's `max_runs` may be.
+    pub const MAX_RUNS_MAX: u64 = 1_000_000_000;
+    /// Bytes of a pause note.
+    pub const PAUSE_NOTE_MAX_BYTES: usize = 1024;
+    /// Labels a job carries (`JobSpec::labels`, not the routing selector).
+    pub const JOB_LABELS_MAX: usize = 16;
+    /// Characters of a label key's name part and of a label value (Kubernetes).
+    pub const LABEL_NAME_MAX: usize = 63;
+    /// Characters of a label key's prefix (a DNS subdomain, Kubernetes).
+    pub const LABEL_PREFIX_MAX: usize = 253;
+    /// Pairs in a `job list` label selector.
+    pub const LIST_SELECTOR_MAX: usize = 16;
+    /// Jobs one filtered `ListJobs` page looks at: a page that reaches it
+    /// returns what matched so far and a token to continue from.
+    pub const LIST_SCAN_MAX: usize = 10_000;
 }
 
 /// How the dispatcher picks a worker of the job's group for each attempt.
@@ -256,7 +274,23 @@ impl Default for Policy {
     }
 }
 
-/// What a client submits to create or update a job.
+/// When a job may fire (APScheduler `start_date`/`end_date`, Temporal):
+/// no occurrence before `start_at_ms` or after `end_at_ms`, and at most
+/// `max_runs` scheduled occurrences fired. `None` is unbounded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounds {
+    pub start_at_ms: Option<i64>,
+    pub end_at_ms: Option<i64>,
+    pub max_runs: Option<u64>,
+}
+
+/// Labels a job carries for search (`job list --selector`); they never
+/// route (that is `Route::Label`).
+pub type Labels = std::collections::BTreeMap<String, String>;
+
+/// What a client submits to create or update a job. Encoded (in log
+/// entries) without `bounds` and `labels`, as log formats 1 and 2 have it:
+/// those travel in `Command::SpecExtended` (format 3).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     pub id: String,
@@ -264,6 +298,71 @@ pub struct JobSpec {
     pub group: String,
     pub payload: Vec<u8>,
     pub policy: Policy,
+    #[serde(skip)]
+    pub bounds: Bounds,
+    #[serde(skip)]
+    pub labels: Labels,
+}
+
+/// What a job spec has beyond log format 2's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecExt {
+    pub bounds: Bounds,
+    pub labels: Labels,
+}
+
+impl JobSpec {
+    /// Moves the extension out, leaving what format 1 has.
+    pub fn take_ext(&mut self) -> SpecExt {
+        SpecExt {
+            bounds: std::mem::take(&mut self.bounds),
+            labels: std::mem::take(&mut self.labels),
+        }
+    }
+
+    /// This spec with `ext` in place of its own.
+    pub fn with_ext(&self, ext: &SpecExt) -> JobSpec {
+        JobSpec {
+            bounds: ext.bounds.clone(),
+            labels: ext.labels.clone(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Why, by whom and when a job was paused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseNote {
+    pub note: String,
+    /// The token's name ("" on a cluster without tokens).
+    pub by: String,
+    pub at_ms: i64,
+}
+
+/// A job's state as `job list --state` filters it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Active,
+    Paused,
+    /// Past its end, or its `max_runs` fired, or a one-shot that fired: no
+    /// occurrence remains. Kept, not deleted.
+    Finished,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Active => "active",
+            JobState::Paused => "paused",
+            JobState::Finished => "finished",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        [JobState::Active, JobState::Paused, JobState::Finished]
+            .into_iter()
+            .find(|st| st.as_str() == s)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -289,6 +388,84 @@ pub struct Job {
     /// one `RETENTION_DUE` entry): never later than the moment one of them
     /// may be deleted (`keep_runs` exceeded, or `keep_for` passed).
     pub retention_due_ms: Option<i64>,
+    // What state format 8's record has not: kept in the record's tail
+    // (`Job::to_record`), so a job that uses none of it is stored byte for
+    // byte as before.
+    #[serde(skip)]
+    pub bounds: Bounds,
+    #[serde(skip)]
+    pub labels: Labels,
+    /// Scheduled occurrences fired, counted only for a job with
+    /// `bounds.max_runs` (manual triggers and misfire-skipped occurrences
+    /// do not count).
+    #[serde(skip)]
+    pub fired_count: u64,
+    /// When the job's bounds ended its occurrences (state "finished").
+    #[serde(skip)]
+    pub finished_at_ms: Option<i64>,
+    /// Set while paused with a note: the note, who and when.
+    #[serde(skip)]
+    pub pause: Option<PauseNote>,
+}
+
+/// A job record's tail: the fields state format 8's record lacks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct JobExt {
+    bounds: Bounds,
+    labels: Labels,
+    fired_count: u64,
+    finished_at_ms: Option<i64>,
+    pause: Option<PauseNote>,
+}
+
+impl Job {
+    /// The stored record: the format-8 record, followed by the extension
+    /// fields only when one of them is set.
+    pub fn to_record(&self) -> Vec<u8> {
+        let mut out = encode(self);
+        let ext = JobExt {
+            bounds: self.bounds.clone(),
+            labels: self.labels.clone(),
+            fired_count: self.fired_count,
+            finished_at_ms: self.finished_at_ms,
+            pause: self.pause.clone(),
+        };
+        if ext != JobExt::default() {
+            out.extend(encode(&ext));
+        }
+        out
+    }
+
+    /// Reads `to_record`'s bytes (or a format-8 record): the tail, when
+    /// present, must decode exactly to its end.
+    pub fn from_record(b: &[u8]) -> Result<Job, DecodeError> {
+        let (mut job, used) = decode_prefix::<Job>(b)?;
+        if used < b.len() {
+            let (ext, ext_used) = decode_prefix::<JobExt>(&b[used..])?;
+            if used + ext_used != b.len() {
+                return Err(DecodeError::Other("job record: bytes after its extension"));
+            }
+            job.bounds = ext.bounds;
+            job.labels = ext.labels;
+            job.fired_count = ext.fired_count;
+            job.finished_at_ms = ext.finished_at_ms;
+            job.pause = ext.pause;
+        }
+        Ok(job)
+    }
+
+    /// Active (it has a next occurrence or may get one), paused, or
+    /// finished: its bounds ended it, or its schedule has no occurrence
+    /// left (a one-shot that fired).
+    pub fn state(&self) -> JobState {
+        if self.finished_at_ms.is_some() || (!self.paused && self.next_fire_at_ms.is_none()) {
+            JobState::Finished
+        } else if self.paused {
+            JobState::Paused
+        } else {
+            JobState::Active
+        }
+    }
 }
 
 /// Identity of a run: one shard of one occurrence of a job. The triple is

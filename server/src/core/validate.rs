@@ -4,7 +4,9 @@
 
 use super::command::CommandError;
 use super::schedule::Schedule;
-use super::types::{limits, Fanout, JobSpec, Overlap, Policy, Role, Route, ScheduleInput, Token};
+use super::types::{
+    limits, Bounds, Fanout, JobSpec, Labels, Overlap, Policy, Role, Route, ScheduleInput, Token,
+};
 
 const TEN_YEARS_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
 
@@ -106,7 +108,122 @@ pub fn job_spec_with(
     if check_schedule {
         schedule(&spec.schedule, now_ms)?;
     }
-    policy(&spec.policy)
+    policy(&spec.policy)?;
+    bounds(&spec.bounds)?;
+    job_labels(&spec.labels)
+}
+
+/// `end_at` after `start_at`, `max_runs` from 1 to `MAX_RUNS_MAX`.
+/// Whether the end is still ahead is checked where the bounds change
+/// ([`bounds_ahead`]): a finished job keeps its past end.
+pub fn bounds(b: &Bounds) -> Result<(), CommandError> {
+    if let (Some(start), Some(end)) = (b.start_at_ms, b.end_at_ms) {
+        if end <= start {
+            return Err(invalid(format!(
+                "end_at_ms: must be after start_at_ms ({start}), got {end}"
+            )));
+        }
+    }
+    match b.max_runs {
+        Some(n) if n == 0 || n > limits::MAX_RUNS_MAX => Err(invalid(format!(
+            "max_runs: must be between 1 and {}, got {n}",
+            limits::MAX_RUNS_MAX
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// New or changed bounds: an end already past would finish the job at once.
+pub fn bounds_ahead(b: &Bounds, now_ms: i64) -> Result<(), CommandError> {
+    match b.end_at_ms {
+        Some(end) if end <= now_ms => Err(invalid(format!(
+            "end_at_ms: must be in the future (cluster time {now_ms}), got {end}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A job's labels: at most `JOB_LABELS_MAX`, keys and values in
+/// Kubernetes' syntax (`[prefix/]name`, value empty or a name).
+pub fn job_labels(labels: &Labels) -> Result<(), CommandError> {
+    if labels.len() > limits::JOB_LABELS_MAX {
+        return Err(invalid(format!(
+            "job_labels: at most {}, got {}",
+            limits::JOB_LABELS_MAX,
+            labels.len()
+        )));
+    }
+    for (k, v) in labels {
+        label_key("job_labels (key)", k)?;
+        label_value("job_labels (value)", v)?;
+    }
+    Ok(())
+}
+
+/// `[prefix/]name`: prefix a DNS subdomain of at most 253 characters,
+/// name as [`label_value`] but not empty.
+pub fn label_key(field: &str, k: &str) -> Result<(), CommandError> {
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        let ok = !p.is_empty()
+            && p.len() <= limits::LABEL_PREFIX_MAX
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .bytes()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                    && !part.starts_with('-')
+                    && !part.ends_with('-')
+            });
+        if !ok {
+            return Err(invalid(format!(
+                "{field}: prefix {p:?} must be a DNS subdomain of at most {} characters (a-z 0-9 - .)",
+                limits::LABEL_PREFIX_MAX
+            )));
+        }
+    }
+    if name.is_empty() {
+        return Err(invalid(format!("{field}: name of {k:?} must not be empty")));
+    }
+    label_value(field, name)
+}
+
+/// Empty, or at most 63 characters of `[A-Za-z0-9._-]` that begin and end
+/// with a letter or digit.
+pub fn label_value(field: &str, v: &str) -> Result<(), CommandError> {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if v.len() > limits::LABEL_NAME_MAX {
+        return Err(invalid(format!(
+            "{field}: at most {} characters, got {}",
+            limits::LABEL_NAME_MAX,
+            v.len()
+        )));
+    }
+    let chars_ok = v
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    let well_formed = chars_ok && alnum(v.chars().next()) && alnum(v.chars().last());
+    if !(v.is_empty() || well_formed) {
+        return Err(invalid(format!(
+            "{field}: {v:?} must be A-Z a-z 0-9 . _ - and begin and end with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+/// A pause note: at most `PAUSE_NOTE_MAX_BYTES`.
+pub fn pause_note(note: &str) -> Result<(), CommandError> {
+    if note.len() > limits::PAUSE_NOTE_MAX_BYTES {
+        return Err(invalid(format!(
+            "note: at most {} bytes, got {}",
+            limits::PAUSE_NOTE_MAX_BYTES,
+            note.len()
+        )));
+    }
+    Ok(())
 }
 
 fn policy(p: &Policy) -> Result<(), CommandError> {
@@ -238,6 +355,8 @@ mod tests {
             group: "g".into(),
             payload: vec![],
             policy: Policy::default(),
+            bounds: Bounds::default(),
+            labels: Labels::new(),
         }
     }
 

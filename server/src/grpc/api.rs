@@ -10,7 +10,9 @@ use kairos_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::auth::{authorize, hash_secret, Need};
-use super::convert::{job_out, job_stats_out, page_size, run_out, schedule_in, spec_in};
+use super::convert::{
+    firing_out, job_filter_in, job_out, job_stats_out, page_size, run_out, schedule_in, spec_in,
+};
 use super::{error, forwarded, read_barrier, route, write_now_ms};
 use crate::backup;
 use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
@@ -90,6 +92,17 @@ impl Api {
         }
     }
 
+    async fn write_firing(
+        &self,
+        rid: Caller,
+        cmd: Command,
+    ) -> Result<Response<pb::FiringStatus>, Status> {
+        match self.write(rid, cmd).await? {
+            R::Firing(p) => Ok(Response::new(firing_out(p))),
+            other => Err(Status::internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
     fn job_id(id: &str) -> Result<(), Status> {
         validate::job_id(id).map_err(error::command)
     }
@@ -116,8 +129,7 @@ impl pb::jobs_server::Jobs for Api {
         let spec = spec_in(req.into_inner().spec)?;
         let now_ms = write_now_ms(&self.node).await?;
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
-        self.write_job(rid, Command::CreateJob { spec, now_ms })
-            .await
+        self.write_job(rid, Command::create_job(spec, now_ms)).await
     }
 
     async fn update_job(
@@ -130,15 +142,8 @@ impl pb::jobs_server::Jobs for Api {
         let now_ms = write_now_ms(&self.node).await?;
         // The schedule is checked in apply, which knows whether it changed.
         validate::job_spec_with(&spec, now_ms, false).map_err(error::command)?;
-        self.write_job(
-            rid,
-            Command::UpdateJob {
-                spec,
-                expected_revision: r.expected_revision,
-                now_ms,
-            },
-        )
-        .await
+        self.write_job(rid, Command::update_job(spec, r.expected_revision, now_ms))
+            .await
     }
 
     async fn job_history(
@@ -196,15 +201,11 @@ impl pb::jobs_server::Jobs for Api {
         read_barrier(&self.node, &req).await?;
         let r = req.into_inner();
         let n = page_size(r.page_size)?;
-        let jobs = self.node.sm.list_jobs(&r.page_token, n);
-        let next_page_token = if jobs.len() == n {
-            jobs.last().map(|j| j.id.clone()).unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let filter = job_filter_in(&r)?;
+        let page = self.node.sm.jobs_page(&filter, &r.page_token, n);
         Ok(Response::new(pb::ListJobsResponse {
-            jobs: jobs.iter().map(job_out).collect(),
-            next_page_token,
+            jobs: page.jobs.iter().map(job_out).collect(),
+            next_page_token: page.next_after,
         }))
     }
 
@@ -230,16 +231,17 @@ impl pb::jobs_server::Jobs for Api {
         }
     }
 
-    async fn pause_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
+    async fn pause_job(
+        &self,
+        req: Request<pb::PauseJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
         let rid = forward!(self, req, Need::Write, JobsClient, pause_job);
-        let id = req.into_inner().id;
+        let pb::PauseJobRequest { id, note } = req.into_inner();
         Self::job_id(&id)?;
+        validate::pause_note(&note).map_err(error::command)?;
         self.write_job(
             rid,
-            Command::PauseJob {
-                id,
-                now_ms: write_now_ms(&self.node).await?,
-            },
+            Command::pause_job(id, note, write_now_ms(&self.node).await?),
         )
         .await
     }
@@ -450,6 +452,28 @@ impl pb::cluster_server::Cluster for Api {
         }
     }
 
+    async fn pause_firing(
+        &self,
+        req: Request<pb::PauseFiringRequest>,
+    ) -> Result<Response<pb::FiringStatus>, Status> {
+        let rid = forward!(self, req, Need::Admin, ClusterClient, pause_firing);
+        let note = req.into_inner().note;
+        validate::pause_note(&note).map_err(error::command)?;
+        let now_ms = write_now_ms(&self.node).await?;
+        self.write_firing(rid, Command::PauseFiring { note, now_ms })
+            .await
+    }
+
+    async fn resume_firing(
+        &self,
+        req: Request<pb::ResumeFiringRequest>,
+    ) -> Result<Response<pb::FiringStatus>, Status> {
+        let rid = forward!(self, req, Need::Admin, ClusterClient, resume_firing);
+        let now_ms = write_now_ms(&self.node).await?;
+        self.write_firing(rid, Command::ResumeFiring { now_ms })
+            .await
+    }
+
     type SaveSnapshotStream = std::pin::Pin<
         Box<dyn futures::Stream<Item = Result<pb::SnapshotChunk, Status>> + Send + 'static>,
     >;
@@ -616,6 +640,7 @@ impl pb::cluster_server::Cluster for Api {
             leader,
             nodes,
             membership_changing: self.node.membership_changing(),
+            firing: Some(firing_out(self.node.sm.firing_paused())),
             log_format: self.node.sm.log_format(),
         }))
     }

@@ -3,9 +3,11 @@
 use kairos_proto::v1 as pb;
 use tonic::Status;
 
+use crate::core::query::JobFilter;
 use crate::core::stats::JobStats;
 use crate::core::{
-    limits, Fanout, Job, JobSpec, Misfire, Overlap, Policy, Route, Run, RunState, ScheduleInput,
+    limits, validate, Bounds, Fanout, Job, JobSpec, JobState, Labels, Misfire, Overlap, PauseNote,
+    Policy, Route, Run, RunState, ScheduleInput,
 };
 
 fn invalid(msg: impl Into<String>) -> Status {
@@ -133,6 +135,12 @@ pub fn spec_in(s: Option<pb::JobSpec>) -> Result<JobSpec, Status> {
         group: s.group,
         payload: s.payload,
         policy,
+        bounds: Bounds {
+            start_at_ms: s.start_at_ms,
+            end_at_ms: s.end_at_ms,
+            max_runs: s.max_runs,
+        },
+        labels: s.job_labels.into_iter().collect(),
     })
 }
 
@@ -193,7 +201,16 @@ pub fn job_out(j: &Job) -> pb::Job {
         broadcast: p.fanout == Fanout::Broadcast,
         keep_runs: p.keep_runs,
         keep_for_ms: p.keep_for_ms,
+        start_at_ms: j.bounds.start_at_ms,
+        end_at_ms: j.bounds.end_at_ms,
+        max_runs: j.bounds.max_runs,
+        job_labels: j.labels.clone().into_iter().collect(),
     };
+    let pause = j.pause.clone().unwrap_or(PauseNote {
+        note: String::new(),
+        by: String::new(),
+        at_ms: 0,
+    });
     pb::Job {
         spec: Some(spec),
         revision: j.revision,
@@ -201,7 +218,78 @@ pub fn job_out(j: &Job) -> pb::Job {
         created_at_ms: j.created_at_ms,
         updated_at_ms: j.updated_at_ms,
         next_fire_at_ms: j.next_fire_at_ms.unwrap_or(0),
+        state: j.state().as_str().into(),
+        fired_count: j.fired_count,
+        finished_at_ms: j.finished_at_ms.unwrap_or(0),
+        pause_note: pause.note,
+        paused_by: pause.by,
+        paused_at_ms: pause.at_ms,
     }
+}
+
+pub fn firing_out(p: Option<PauseNote>) -> pb::FiringStatus {
+    match p {
+        Some(p) => pb::FiringStatus {
+            paused: true,
+            note: p.note,
+            by: p.by,
+            at_ms: p.at_ms,
+        },
+        None => pb::FiringStatus::default(),
+    }
+}
+
+/// The filters of a `ListJobs` request; each refusal names its field.
+pub fn job_filter_in(r: &pb::ListJobsRequest) -> Result<JobFilter, Status> {
+    let state = match r.state.as_str() {
+        "" => None,
+        s => Some(JobState::parse(s).ok_or_else(|| {
+            invalid(format!(
+                "state: must be active, paused or finished, got {:?}",
+                s.chars().take(32).collect::<String>()
+            ))
+        })?),
+    };
+    if !r.group.is_empty() {
+        validate::name("group", &r.group, limits::GROUP_MAX_BYTES)
+            .map_err(super::error::command)?;
+    }
+    if !r.id_prefix.is_empty() {
+        validate::name("id_prefix", &r.id_prefix, limits::ID_MAX_BYTES)
+            .map_err(super::error::command)?;
+    }
+    Ok(JobFilter {
+        group: (!r.group.is_empty()).then(|| r.group.clone()),
+        selector: selector_in(&r.selector)?,
+        state,
+        id_prefix: r.id_prefix.clone(),
+    })
+}
+
+/// `k=v,k2=v2`: at most `LIST_SELECTOR_MAX` pairs, in label syntax.
+fn selector_in(text: &str) -> Result<Labels, Status> {
+    let mut sel = Labels::new();
+    if text.is_empty() {
+        return Ok(sel);
+    }
+    for pair in text.split(',') {
+        let (k, v) = pair.split_once('=').ok_or_else(|| {
+            invalid(format!(
+                "selector: {:?} is not key=value",
+                pair.chars().take(64).collect::<String>()
+            ))
+        })?;
+        validate::label_key("selector (key)", k).map_err(super::error::command)?;
+        validate::label_value("selector (value)", v).map_err(super::error::command)?;
+        sel.insert(k.to_string(), v.to_string());
+        if sel.len() > limits::LIST_SELECTOR_MAX {
+            return Err(invalid(format!(
+                "selector: at most {} pairs",
+                limits::LIST_SELECTOR_MAX
+            )));
+        }
+    }
+    Ok(sel)
 }
 
 fn route_out(r: &Route) -> pb::RoutePolicy {

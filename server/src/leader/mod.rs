@@ -199,7 +199,9 @@ impl Term {
             let now = term.node.clock.now_ms();
             term.refill(now);
             term.node.metrics.set_wheel_entries(term.wheel.len());
-            let can_fire = firing.len() < FIRES_IN_FLIGHT;
+            // While firing is paused cluster-wide the due keys stay in the
+            // wheel (apply would not fire them either).
+            let can_fire = firing.len() < FIRES_IN_FLIGHT && term.node.sm.firing_paused().is_none();
             if can_fire {
                 let due: Vec<WheelKey> = term
                     .wheel
@@ -239,13 +241,18 @@ impl Term {
 
     /// Rebuilds the in-memory wheel and dispatch state from replicated state.
     fn resync(&mut self, now: i64) {
-        self.wheel.clear();
-        self.complete_upto = i64::MIN;
-        self.partial = None;
+        self.reload_wheel();
         self.node
             .dispatcher
             .rebuild(self.node.sm.active_runs(ACTIVE_LOAD_MAX), now);
         self.node.dispatch_now();
+    }
+
+    /// Empties the in-memory wheel; `refill` loads it again from the durable index.
+    fn reload_wheel(&mut self) {
+        self.wheel.clear();
+        self.complete_upto = i64::MIN;
+        self.partial = None;
     }
 
     /// Pages attempts that did not fit a group's queue back in from the
@@ -307,10 +314,13 @@ impl Term {
         if batch.iter().any(|e| matches!(e, Effect::Restored)) {
             self.resync(self.node.clock.now_ms());
         }
+        if batch.iter().any(|e| matches!(e, Effect::FiringResumed)) {
+            self.reload_wheel();
+        }
         let d = &self.node.dispatcher;
         for e in batch {
             match e {
-                Effect::Restored => {}
+                Effect::Restored | Effect::FiringResumed => {}
                 Effect::Scheduled(k) => {
                     if self.is_loaded(k) {
                         self.wheel.insert(k.clone(), k.fire_at_ms);

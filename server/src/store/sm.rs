@@ -283,7 +283,8 @@ impl StateMachine {
     }
 
     pub fn get_job(&self, id: &str) -> Option<Job> {
-        self.meta(&keys::job(id))
+        let b = self.view().get(&keys::job(id))?;
+        Job::from_record(&b).ok()
     }
 
     /// Jobs with ids after `after`, in id order.
@@ -293,7 +294,30 @@ impl StateMachine {
             start.push(0);
         }
         let rows = self.view().range(&start, &[keys::JOB + 1], limit);
-        rows.iter().filter_map(|(_, v)| decode(v).ok()).collect()
+        rows.iter()
+            .filter_map(|(_, v)| Job::from_record(v).ok())
+            .collect()
+    }
+
+    /// One filtered page of jobs (`core::query::jobs_page`).
+    pub fn jobs_page(
+        &self,
+        filter: &core::query::JobFilter,
+        after: &str,
+        page: usize,
+    ) -> core::query::JobPage {
+        core::query::jobs_page(
+            &self.view(),
+            filter,
+            after,
+            page,
+            core::limits::LIST_SCAN_MAX,
+        )
+    }
+
+    /// The cluster-wide firing pause, if set (`Command::PauseFiring`).
+    pub fn firing_paused(&self) -> Option<core::PauseNote> {
+        self.meta(keys::META_FIRING_PAUSED)
     }
 
     /// The token whose secret hashes to `hash` (lowercase hex SHA-256).
@@ -948,6 +972,8 @@ mod tests {
             group: "g".into(),
             payload: vec![i as u8; 100],
             policy: Policy::default(),
+            bounds: Default::default(),
+            labels: Default::default(),
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),

@@ -105,15 +105,33 @@ enum JobCmd {
     Get {
         id: String,
     },
+    /// Jobs in id order, filtered on the server (filters are AND-ed).
     List {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
+        /// Only jobs of this worker group.
+        #[arg(long)]
+        group: Option<String>,
+        /// Label selector over the jobs' --label labels: k=v[,k2=v2...].
+        #[arg(long)]
+        selector: Option<String>,
+        #[arg(long, value_parser = ["active", "paused", "finished"])]
+        state: Option<String>,
+        /// Only ids starting with this.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Jobs asked for per request (1 to 1000); pages are followed up to --limit.
+        #[arg(long, default_value_t = 1000)]
+        page_size: u32,
     },
     Delete {
         id: String,
     },
+    /// Stop the job firing; --note (at most 1 KiB) is kept with who and when until resume.
     Pause {
         id: String,
+        #[arg(long, default_value = "")]
+        note: String,
     },
     Resume {
         id: String,
@@ -187,8 +205,21 @@ struct SpecArgs {
     #[arg(long, value_parser = ["least-loaded", "round-robin", "consistent-hash", "label"], default_value = "least-loaded")]
     route: String,
     /// With --route label: only workers started with this label key=value (repeatable).
+    #[arg(long = "route-label", value_parser = label_pair)]
+    route_labels: Vec<(String, String)>,
+    /// A label of the job, key=value, for `job list --selector` (repeatable,
+    /// at most 16; Kubernetes label syntax). Not used for routing.
     #[arg(long = "label", value_parser = label_pair)]
     labels: Vec<(String, String)>,
+    /// No occurrence before this RFC 3339 time.
+    #[arg(long)]
+    start_at: Option<String>,
+    /// No occurrence after this RFC 3339 time; past it the job is finished.
+    #[arg(long)]
+    end_at: Option<String>,
+    /// Finish the job after this many scheduled occurrences fired (1 to 1000000000).
+    #[arg(long)]
+    max_runs: Option<u64>,
     /// Runs per occurrence with shard indexes 0..N-1 (1 to 1024).
     #[arg(long, conflicts_with = "broadcast")]
     shards: Option<u32>,
@@ -209,7 +240,7 @@ struct SpecArgs {
 pub(crate) fn label_pair(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
-        _ => Err(format!("--label {s:?}: expected key=value")),
+        _ => Err(format!("{s:?}: expected key=value")),
     }
 }
 
@@ -243,6 +274,14 @@ enum ClusterCmd {
     /// Remove a voter or learner from the cluster (the leader's own node:
     /// leadership is handed over first and the new leader removes it).
     Remove { id: u64 },
+    /// Stop all firing cluster-wide (incidents; admin). Replicated: holds
+    /// across leader changes. --note (at most 1 KiB) is shown by status.
+    Pause {
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// Fire again: what fell due meanwhile follows each job's misfire policy.
+    Resume,
     /// Hand leadership to voter ID (default: the most up-to-date other
     /// voter) without an election timeout; prints the new leader.
     TransferLeader { id: Option<u64> },
@@ -278,6 +317,8 @@ async fn cluster_cmd(c: &Client, out: Output, cmd: ClusterCmd) -> anyhow::Result
         ClusterCmd::Promote { id } => print(&promote(c, id).await?),
         ClusterCmd::Remove { id } => print(&remove_node(c, id).await?),
         ClusterCmd::TransferLeader { id } => transfer_leader(c, out, id).await?,
+        ClusterCmd::Pause { note } => set_firing(c, out, Some(note)).await?,
+        ClusterCmd::Resume => set_firing(c, out, None).await?,
         ClusterCmd::Replace {
             old_id,
             new_id,
@@ -368,6 +409,47 @@ async fn transfer_leader(c: &Client, out: Output, id: Option<u64>) -> anyhow::Re
     let v = json!({"leader": r.leader, "previous": r.previous, "took_ms": r.took_ms});
     print_value(out, v, &text);
     Ok(())
+}
+
+/// Pauses firing cluster-wide (`Some(note)`) or resumes it.
+async fn set_firing(c: &Client, out: Output, pause: Option<String>) -> anyhow::Result<()> {
+    use pb::cluster_client::ClusterClient;
+    let f = match pause {
+        Some(note) => {
+            let req = pb::PauseFiringRequest { note };
+            c.call(|ch| {
+                let r = req.clone();
+                async move { ClusterClient::new(ch).pause_firing(r).await }
+            })
+            .await?
+        }
+        None => {
+            c.call(|ch| async move {
+                ClusterClient::new(ch)
+                    .resume_firing(pb::ResumeFiringRequest {})
+                    .await
+            })
+            .await?
+        }
+    };
+    print_value(out, firing_json(&f), &firing_text(&f));
+    Ok(())
+}
+
+fn firing_json(f: &pb::FiringStatus) -> Value {
+    json!({"paused": f.paused, "note": f.note, "by": f.by, "at_ms": f.at_ms})
+}
+
+fn firing_text(f: &pb::FiringStatus) -> String {
+    if !f.paused {
+        return "firing: on".into();
+    }
+    let by = if f.by.is_empty() { "-" } else { &f.by };
+    format!(
+        "firing: PAUSED since {} by {by}: {}",
+        time_text(f.at_ms),
+        f.note
+    )
 }
 
 async fn promote(c: &Client, id: u64) -> anyhow::Result<pb::MembershipResponse> {
@@ -641,12 +723,26 @@ fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         priority: a.priority,
         overlap: overlap as i32,
         route: route as i32,
-        labels: a.labels.iter().cloned().collect(),
+        labels: a.route_labels.iter().cloned().collect(),
         shards: a.shards,
         broadcast: a.broadcast,
         keep_runs: a.keep_runs.unwrap_or(0),
         keep_for_ms: opt_ms(&a.keep_for)?,
+        start_at_ms: opt_time_ms("--start-at", &a.start_at)?,
+        end_at_ms: opt_time_ms("--end-at", &a.end_at)?,
+        max_runs: a.max_runs,
+        job_labels: a.labels.iter().cloned().collect(),
     })
+}
+
+fn opt_time_ms(flag: &str, t: &Option<String>) -> anyhow::Result<Option<i64>> {
+    t.as_ref()
+        .map(|t| {
+            chrono::DateTime::parse_from_rfc3339(t)
+                .map(|t| t.timestamp_millis())
+                .with_context(|| format!("{flag} {t:?}: expected RFC 3339"))
+        })
+        .transpose()
 }
 
 fn run_state(s: i32) -> &'static str {
@@ -720,8 +816,11 @@ fn job_json(j: &pb::Job) -> Value {
         "payload": String::from_utf8_lossy(&s.payload), "revision": j.revision, "paused": j.paused,
         "created_at_ms": j.created_at_ms, "updated_at_ms": j.updated_at_ms, "next_fire_at_ms": j.next_fire_at_ms,
         "priority": s.priority, "max_attempts": s.max_attempts, "timeout_ms": s.timeout_ms,
-        "route": route_text(s.route), "labels": s.labels, "shards": s.shards, "broadcast": s.broadcast,
-        "keep_runs": s.keep_runs, "keep_for_ms": s.keep_for_ms,
+        "route": route_text(s.route), "route_labels": s.labels, "shards": s.shards, "broadcast": s.broadcast,
+        "keep_runs": s.keep_runs, "keep_for_ms": s.keep_for_ms, "labels": s.job_labels,
+        "state": j.state, "fired_count": j.fired_count, "finished_at_ms": j.finished_at_ms,
+        "start_at_ms": s.start_at_ms, "end_at_ms": s.end_at_ms, "max_runs": s.max_runs,
+        "pause_note": j.pause_note, "paused_by": j.paused_by, "paused_at_ms": j.paused_at_ms,
     })
 }
 
@@ -749,22 +848,34 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
         return;
     }
     println!(
-        "{:<24} {:<12} {:<32} {:>4} {:<7} {:<18} NEXT FIRE",
-        "ID", "GROUP", "SCHEDULE", "REV", "PAUSED", "KEEP"
+        "{:<24} {:<12} {:<32} {:>4} {:<9} {:<18} NEXT FIRE",
+        "ID", "GROUP", "SCHEDULE", "REV", "STATE", "KEEP"
     );
     for j in jobs {
         let s = j.spec.clone().unwrap_or_default();
         let sched = schedule_text(&s.schedule);
         println!(
-            "{:<24} {:<12} {:<32} {:>4} {:<7} {:<18} {}",
+            "{:<24} {:<12} {:<32} {:>4} {:<9} {:<18} {}",
             s.id,
             s.group,
             sched,
             j.revision,
-            j.paused,
+            j.state,
             keep_text(&s),
             time_text(j.next_fire_at_ms)
         );
+        if j.paused {
+            let by = if j.paused_by.is_empty() {
+                "-"
+            } else {
+                &j.paused_by
+            };
+            println!(
+                "  paused {} by {by}: {}",
+                time_text(j.paused_at_ms),
+                j.pause_note
+            );
+        }
     }
 }
 
@@ -873,7 +984,24 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
                 .await?;
             print_jobs(out, &[j]);
         }
-        JobCmd::List { limit } => print_jobs(out, &list_jobs(c, limit).await?),
+        JobCmd::List {
+            limit,
+            group,
+            selector,
+            state,
+            prefix,
+            page_size,
+        } => {
+            let filter = pb::ListJobsRequest {
+                page_size,
+                page_token: String::new(),
+                group: group.unwrap_or_default(),
+                selector: selector.unwrap_or_default(),
+                state: state.unwrap_or_default(),
+                id_prefix: prefix.unwrap_or_default(),
+            };
+            print_jobs(out, &list_jobs(c, limit, filter).await?)
+        }
         JobCmd::Delete { id } => {
             let r = c
                 .jobs(|mut j| {
@@ -887,10 +1015,11 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
                 &format!("deleted {id}"),
             );
         }
-        JobCmd::Pause { id } => {
+        JobCmd::Pause { id, note } => {
+            let req = pb::PauseJobRequest { id, note };
             let j = c
                 .jobs(|mut j| {
-                    let r = by_id(&id);
+                    let r = req.clone();
                     async move { j.pause_job(r).await }
                 })
                 .await?;
@@ -961,13 +1090,20 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn list_jobs(c: &Client, limit: usize) -> anyhow::Result<Vec<pb::Job>> {
+/// Follows the server's pages (each may be short: a page scans a bounded
+/// number of jobs) until `limit` jobs or the last page.
+async fn list_jobs(
+    c: &Client,
+    limit: usize,
+    filter: pb::ListJobsRequest,
+) -> anyhow::Result<Vec<pb::Job>> {
     let mut jobs = Vec::new();
     let mut token = String::new();
     while jobs.len() < limit {
         let req = pb::ListJobsRequest {
-            page_size: (limit - jobs.len()).min(1000) as u32,
+            page_size: (limit - jobs.len()).min(filter.page_size as usize) as u32,
             page_token: token.clone(),
+            ..filter.clone()
         };
         let page = c
             .jobs(|mut j| {
@@ -1006,11 +1142,15 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
         println!(
             "{}",
             json!({ "leader": s.leader, "membership_changing": s.membership_changing,
-                    "log_format": s.log_format, "nodes": nodes })
+                    "log_format": s.log_format, "nodes": nodes,
+                    "firing": s.firing.as_ref().map(firing_json) })
         );
         return Ok(());
     }
     println!("leader: node {}", s.leader);
+    if let Some(f) = &s.firing {
+        println!("{}", firing_text(f));
+    }
     if s.membership_changing {
         println!("membership: a change is in progress (joint configuration)");
     }

@@ -86,7 +86,7 @@ async function clusterPage() {
 
 function jobsQuery(params) {
   const q = new URLSearchParams();
-  for (const k of ["prefix", "group", "state", "page_token"]) if (params.get(k)) q.set(k, params.get(k));
+  for (const k of ["prefix", "group", "selector", "state", "page_token"]) if (params.get(k)) q.set(k, params.get(k));
   return q;
 }
 
@@ -100,22 +100,23 @@ async function jobsPage(params) {
   };
   const prefix = el("input", { name: "prefix", id: "filter-prefix", value: params.get("prefix") || "", maxlength: 128 });
   const group = el("input", { name: "group", id: "filter-group", value: params.get("group") || "", maxlength: 128 });
+  const selector = el("input", { name: "selector", id: "filter-selector", value: params.get("selector") || "", maxlength: 256, placeholder: "k=v,k2=v2" });
   const state = el("select", { name: "state", id: "filter-state" },
-    ...["all", "active", "paused"].map(s => el("option", { value: s, selected: (params.get("state") || "all") === s }, s)));
+    ...["all", "active", "paused", "finished"].map(s => el("option", { value: s, selected: (params.get("state") || "all") === s }, s)));
   const form = el("form", { class: "filters", onsubmit: (e) => {
     e.preventDefault();
-    go({ prefix: prefix.value, group: group.value, state: state.value === "all" ? "" : state.value });
+    go({ prefix: prefix.value, group: group.value, selector: selector.value, state: state.value === "all" ? "" : state.value });
   } },
-  el("label", {}, "id prefix", prefix), el("label", {}, "group", group), el("label", {}, "state", state),
+  el("label", {}, "id prefix", prefix), el("label", {}, "group", group), el("label", {}, "labels", selector), el("label", {}, "state", state),
   el("button", { type: "submit", id: "filter-apply" }, "Filter"));
   const rows = r.jobs.map(j => el("tr", { "data-job": j.id },
     el("td", { class: "mono" }, jobLink(j.id)),
     el("td", {}, j.group),
     el("td", { class: "mono" }, scheduleText(j.schedule)),
-    el("td", { class: "state state-" + (j.paused ? "paused" : "active") }, j.paused ? "paused" : "active"),
+    el("td", { class: "state state-" + j.state }, j.state),
     el("td", {}, time(j.next_fire_at_ms))));
   const more = r.next_page_token
-    ? el("button", { id: "next-page", onclick: () => go({ prefix: prefix.value, group: group.value, state: params.get("state") || "", page_token: r.next_page_token }) }, "Next page")
+    ? el("button", { id: "next-page", onclick: () => go({ prefix: params.get("prefix") || "", group: params.get("group") || "", selector: params.get("selector") || "", state: params.get("state") || "", page_token: r.next_page_token }) }, "Next page")
     : null;
   return [el("h1", {}, "Jobs"), form, table(["id", "group", "schedule", "state", "next fire (UTC)"], rows),
     r.jobs.length ? null : el("p", { id: "no-jobs" }, "No jobs match."), more];
@@ -188,11 +189,13 @@ async function jobPage(id) {
   const j = d.job, s = d.stats;
   const back = () => { location.hash = "#/jobs"; };
   const spec = el("dl", { class: "spec", id: "job-spec" });
-  const fields = [["group", j.group], ["schedule", scheduleText(j.schedule)], ["state", j.paused ? "paused" : "active"],
+  const fields = [["group", j.group], ["schedule", scheduleText(j.schedule)], ["state", j.state + (j.paused && j.pause_note ? " — " + j.pause_note : "")],
     ["revision", j.revision], ["created", time(j.created_at_ms)], ["updated", time(j.updated_at_ms)],
     ["misfire", j.misfire + " (grace " + j.misfire_grace_ms + " ms)"], ["timeout", j.timeout_ms + " ms"],
     ["attempts", j.max_attempts + " (backoff " + j.backoff_ms + " ms)"], ["priority", j.priority],
-    ["overlap", j.overlap], ["route", j.route], ["labels", JSON.stringify(j.labels)],
+    ["overlap", j.overlap], ["route", j.route], ["job labels", JSON.stringify(j.job_labels)], ["route labels", JSON.stringify(j.labels)],
+    ["bounds", [j.start_at_ms ? "from " + time(j.start_at_ms) : "", j.end_at_ms ? "until " + time(j.end_at_ms) : "", j.max_runs ? "max " + j.max_runs + " runs" : ""].filter(x => x).join(", ") || "-"],
+    ["fired", j.fired_count],
     ["shards", j.shards ?? "-"], ["broadcast", j.broadcast], ["payload", j.payload_bytes + " bytes"],
     ["keep runs", j.keep_runs || "default"], ["keep for", j.keep_for_ms ? j.keep_for_ms + " ms" : "-"]];
   for (const [k, v] of fields) spec.append(el("dt", {}, k), el("dd", { "data-field": k }, v));

@@ -1,0 +1,497 @@
+//! Bounds (start, end, max runs, the finished state), pause notes, the
+//! cluster-wide firing pause, and job labels with filtered job pages
+//! (issue #16 items 4, 7, 8), by outputs.
+
+use super::*;
+use crate::core::codec::encode;
+use crate::core::command::{FormatTooNew, VersionedCommand};
+use crate::core::query::{jobs_page, JobFilter};
+
+fn bounded(id: &str, every_ms: u64, bounds: Bounds) -> JobSpec {
+    JobSpec {
+        bounds,
+        ..every(id, every_ms)
+    }
+}
+
+fn max_runs(n: u64) -> Bounds {
+    Bounds {
+        max_runs: Some(n),
+        ..Bounds::default()
+    }
+}
+
+fn pause(id: &str, note: &str, now_ms: i64) -> Command {
+    Command::pause_job(id.into(), note.into(), now_ms)
+}
+
+/// Scheduled times of the job's run records.
+fn run_times(sim: &Sim, job: &str) -> Vec<i64> {
+    sim.runs_of(job)
+        .iter()
+        .map(|r| r.id.scheduled_at_ms)
+        .collect()
+}
+
+fn by(actor: &str, command: Command) -> Command {
+    Command::Authored {
+        actor: actor.into(),
+        command: Box::new(command),
+    }
+}
+
+#[test]
+fn max_runs_fires_exactly_that_many_then_the_job_is_finished_with_no_entry() {
+    let mut sim = Sim::default();
+    sim.create(bounded("a", 1000, max_runs(3)), T0);
+    for k in 1..=3 {
+        assert_eq!(sim.fire_due(T0 + k * 1000).response, fired(1, 0));
+    }
+    let job = sim.job("a");
+    assert_eq!(job.state(), JobState::Finished);
+    assert_eq!(job.fired_count, 3);
+    assert_eq!(job.finished_at_ms, Some(T0 + 3000));
+    assert_eq!(job.next_fire_at_ms, None);
+    assert_eq!(sim.wheel(), vec![], "a finished job keeps no wheel entry");
+    assert_eq!(sim.fire_due(T0 + 60_000).response, fired(0, 0));
+    assert_eq!(run_times(&sim, "a"), vec![T0 + 1000, T0 + 2000, T0 + 3000]);
+}
+
+#[test]
+fn nothing_fires_before_the_start_or_after_the_end() {
+    let mut sim = Sim::default();
+    let b = Bounds {
+        start_at_ms: Some(T0 + 5500),
+        end_at_ms: Some(T0 + 7500),
+        max_runs: None,
+    };
+    let a = sim.create(bounded("a", 1000, b), T0);
+    assert_eq!(
+        a.effects,
+        vec![
+            Effect::Scheduled(occ("a", T0 + 6000)),
+            Effect::JobChanged {
+                job: "a".into(),
+                group: "g".into(),
+                change: JobChange::Created
+            }
+        ],
+        "the first occurrence is the first at or after the start"
+    );
+    sim.fire_due(T0 + 6000);
+    sim.fire_due(T0 + 7000);
+    let job = sim.job("a");
+    assert_eq!(job.state(), JobState::Finished, "8000 is past the end");
+    assert_eq!(job.finished_at_ms, Some(T0 + 7000));
+    assert_eq!(sim.wheel(), vec![]);
+    assert_eq!(run_times(&sim, "a"), vec![T0 + 6000, T0 + 7000]);
+}
+
+#[test]
+fn fire_once_after_an_outage_coalesces_only_up_to_the_end() {
+    let mut sim = Sim::default();
+    let b = Bounds {
+        end_at_ms: Some(T0 + 3500),
+        ..Bounds::default()
+    };
+    sim.create(
+        with_misfire(bounded("a", 1000, b), Misfire::FireOnce, 0),
+        T0,
+    );
+    sim.fire(T0 + 10_000, vec![occ("a", T0 + 1000)]);
+    assert_eq!(run_times(&sim, "a"), vec![T0 + 3000]);
+    assert_eq!(sim.job("a").state(), JobState::Finished);
+    assert_eq!(sim.wheel(), vec![]);
+}
+
+#[test]
+fn raising_max_runs_makes_a_finished_job_active_again() {
+    let mut sim = Sim::default();
+    sim.create(bounded("a", 1000, max_runs(1)), T0);
+    sim.fire_due(T0 + 1000);
+    assert_eq!(sim.job("a").state(), JobState::Finished);
+    let a = sim.exec(update(bounded("a", 1000, max_runs(2)), 0, T0 + 1500));
+    assert!(matches!(a.response, Response::Job(_)), "{:?}", a.response);
+    let job = sim.job("a");
+    assert_eq!(job.state(), JobState::Active);
+    assert_eq!(job.finished_at_ms, None);
+    assert_eq!(sim.wheel(), vec![occ("a", T0 + 2000)]);
+}
+
+#[test]
+fn bad_bounds_and_labels_are_refused_naming_field_and_rule() {
+    let mut sim = Sim::default();
+    let cases: Vec<(JobSpec, &str)> = vec![
+        (
+            bounded(
+                "a",
+                1000,
+                Bounds {
+                    start_at_ms: Some(T0 + 10),
+                    end_at_ms: Some(T0 + 10),
+                    max_runs: None,
+                },
+            ),
+            "end_at_ms: must be after start_at_ms",
+        ),
+        (
+            bounded("a", 1000, max_runs(0)),
+            "max_runs: must be between 1 and 1000000000",
+        ),
+        (
+            bounded("a", 1000, max_runs(limits::MAX_RUNS_MAX + 1)),
+            "max_runs: must be between 1 and",
+        ),
+        (
+            bounded(
+                "a",
+                1000,
+                Bounds {
+                    end_at_ms: Some(T0 - 1),
+                    ..Bounds::default()
+                },
+            ),
+            "end_at_ms: must be in the future",
+        ),
+        (
+            JobSpec {
+                labels: (0..17).map(|i| (format!("k{i}"), "v".into())).collect(),
+                ..every("a", 1000)
+            },
+            "job_labels: at most 16, got 17",
+        ),
+        (
+            JobSpec {
+                labels: [("-team".to_string(), "x".to_string())].into(),
+                ..every("a", 1000)
+            },
+            "job_labels (key)",
+        ),
+        (
+            JobSpec {
+                labels: [("Example.com/team".to_string(), "x".to_string())].into(),
+                ..every("a", 1000)
+            },
+            "job_labels (key): prefix \"Example.com\" must be a DNS subdomain",
+        ),
+        (
+            JobSpec {
+                labels: [("team".to_string(), "x".repeat(64))].into(),
+                ..every("a", 1000)
+            },
+            "job_labels (value): at most 63 characters",
+        ),
+    ];
+    for (spec, want) in cases {
+        let a = sim.exec(Command::create_job(spec, T0));
+        assert!(invalid_msg(&a).starts_with(want), "{}", invalid_msg(&a));
+        assert_nothing_done(&a);
+    }
+    assert!(sim.try_job("a").is_none());
+    // An update that moves the end into the past is refused too.
+    sim.create(every("b", 1000), T0);
+    let past_end = bounded(
+        "b",
+        1000,
+        Bounds {
+            end_at_ms: Some(T0),
+            ..Bounds::default()
+        },
+    );
+    let a = sim.exec(update(past_end, 0, T0 + 10));
+    assert!(invalid_msg(&a).starts_with("end_at_ms: must be in the future"));
+    assert_nothing_done(&a);
+}
+
+#[test]
+fn a_pause_note_records_who_and_when_and_resume_clears_it() {
+    let mut sim = Sim::default();
+    sim.create(every("a", 1000), T0);
+    sim.exec(by("ops", pause("a", "db migration", T0 + 10)));
+    let job = sim.job("a");
+    assert_eq!(job.state(), JobState::Paused);
+    assert_eq!(
+        job.pause,
+        Some(PauseNote {
+            note: "db migration".into(),
+            by: "ops".into(),
+            at_ms: T0 + 10,
+        })
+    );
+    // Pausing again with another note replaces it.
+    sim.exec(by("lead", pause("a", "still migrating", T0 + 20)));
+    assert_eq!(sim.job("a").pause.unwrap().by, "lead");
+    let too_long = "x".repeat(limits::PAUSE_NOTE_MAX_BYTES + 1);
+    let a = sim.exec(pause("a", &too_long, T0 + 30));
+    assert_eq!(invalid_msg(&a), "note: at most 1024 bytes, got 1025");
+    assert_nothing_done(&a);
+    sim.exec(Command::ResumeJob {
+        id: "a".into(),
+        now_ms: T0 + 40,
+    });
+    let job = sim.job("a");
+    assert_eq!((job.state(), job.pause), (JobState::Active, None));
+}
+
+#[test]
+fn while_firing_is_paused_nothing_fires_and_resume_applies_the_misfire_policy() {
+    let mut sim = Sim::default();
+    sim.create(with_misfire(every("a", 1000), Misfire::Skip, 0), T0);
+    let a = sim.exec(by(
+        "admin",
+        Command::PauseFiring {
+            note: "incident 42".into(),
+            now_ms: T0 + 500,
+        },
+    ));
+    let note = PauseNote {
+        note: "incident 42".into(),
+        by: "admin".into(),
+        at_ms: T0 + 500,
+    };
+    assert_eq!(a.response, Response::Firing(Some(note.clone())));
+    // A due key is not fired, and stays for later.
+    let a = sim.fire(T0 + 1000, vec![occ("a", T0 + 1000)]);
+    assert_eq!(a.response, fired(0, 1));
+    assert_eq!(state_writes(&a), Vec::<&Write>::new());
+    assert!(sim.has_entry(&occ("a", T0 + 1000)));
+    let a = sim.exec(trigger("a", T0 + 1100));
+    assert!(
+        matches!(&a.response, Response::Error(CommandError::FailedPrecondition(m)) if m.contains("firing is paused")),
+        "{:?}",
+        a.response
+    );
+    assert_nothing_done(&a);
+    // Pausing again keeps the first pause.
+    let a = sim.exec(Command::PauseFiring {
+        note: "other".into(),
+        now_ms: T0 + 1200,
+    });
+    assert_eq!(a.response, Response::Firing(Some(note)));
+    let a = sim.exec(Command::ResumeFiring { now_ms: T0 + 5500 });
+    assert_eq!(a.response, Response::Firing(None));
+    assert_eq!(a.effects, vec![Effect::FiringResumed]);
+    // The missed occurrences are handled by the job's policy (skip).
+    let a = sim.fire_due(T0 + 5500);
+    assert!(
+        a.effects.contains(&misfired(Misfire::Skip)),
+        "{:?}",
+        a.effects
+    );
+    assert_eq!(sim.run(&rid("a", T0 + 1000)).state, RunState::Skipped);
+    assert_eq!(sim.wheel(), vec![occ("a", T0 + 6000)]);
+}
+
+fn labelled(id: &str, group: &str, team: &str) -> JobSpec {
+    JobSpec {
+        group: group.into(),
+        labels: [("team".to_string(), team.to_string())].into(),
+        ..every(id, 1000)
+    }
+}
+
+fn ids(jobs: &[Job]) -> Vec<&str> {
+    jobs.iter().map(|j| j.id.as_str()).collect()
+}
+
+#[test]
+fn job_pages_filter_by_group_labels_state_and_prefix() {
+    let mut sim = Sim::default();
+    for (id, group, team) in [
+        ("api-1", "g", "web"),
+        ("api-2", "h", "web"),
+        ("db-1", "g", "data"),
+        ("db-2", "g", "web"),
+    ] {
+        sim.create(labelled(id, group, team), T0);
+    }
+    sim.exec(pause("db-2", "", T0 + 1));
+    let page = |f: JobFilter| jobs_page(&sim.view, &f, "", 100, 1000).jobs;
+    let web: Labels = [("team".to_string(), "web".to_string())].into();
+    let f = JobFilter {
+        selector: web.clone(),
+        ..JobFilter::default()
+    };
+    assert_eq!(ids(&page(f)), vec!["api-1", "api-2", "db-2"]);
+    let f = JobFilter {
+        selector: web,
+        group: Some("g".into()),
+        ..JobFilter::default()
+    };
+    assert_eq!(ids(&page(f)), vec!["api-1", "db-2"]);
+    let f = JobFilter {
+        state: Some(JobState::Paused),
+        ..JobFilter::default()
+    };
+    assert_eq!(ids(&page(f)), vec!["db-2"]);
+    let f = JobFilter {
+        id_prefix: "db-".into(),
+        state: Some(JobState::Active),
+        ..JobFilter::default()
+    };
+    assert_eq!(ids(&page(f)), vec!["db-1"]);
+}
+
+#[test]
+fn a_job_page_scans_a_bounded_number_of_jobs_and_continues_from_its_token() {
+    let mut sim = Sim::default();
+    for i in 0..10 {
+        let team = if i % 3 == 0 { "web" } else { "data" };
+        sim.create(labelled(&format!("j{i}"), "g", team), T0);
+    }
+    let f = JobFilter {
+        selector: [("team".to_string(), "web".to_string())].into(),
+        ..JobFilter::default()
+    };
+    // At most 4 jobs looked at per page: short pages, each with a token.
+    let mut seen = Vec::new();
+    let mut after = String::new();
+    let mut pages = 0;
+    loop {
+        let p = jobs_page(&sim.view, &f, &after, 2, 4);
+        assert!(p.jobs.len() <= 2);
+        seen.extend(p.jobs.iter().map(|j| j.id.clone()));
+        pages += 1;
+        if p.next_after.is_empty() {
+            break;
+        }
+        after = p.next_after;
+    }
+    assert_eq!(seen, vec!["j0", "j3", "j6", "j9"]);
+    assert!(pages >= 3, "10 jobs at 4 per page take at least 3 pages");
+}
+
+// ------------------------------------------------------------ formats
+
+/// A job record as state format 8 (the previous release) declares it.
+#[derive(serde::Serialize)]
+struct JobV8<'a> {
+    id: &'a str,
+    schedule: &'a Schedule,
+    group: &'a str,
+    payload: &'a [u8],
+    policy: &'a Policy,
+    revision: u64,
+    paused: bool,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+    next_fire_at_ms: Option<i64>,
+    active_runs: u32,
+    buffered_at_ms: Option<i64>,
+    history_len: u64,
+    retention_due_ms: Option<i64>,
+}
+
+fn as_v8(j: &Job) -> Vec<u8> {
+    encode(&JobV8 {
+        id: &j.id,
+        schedule: &j.schedule,
+        group: &j.group,
+        payload: &j.payload,
+        policy: &j.policy,
+        revision: j.revision,
+        paused: j.paused,
+        created_at_ms: j.created_at_ms,
+        updated_at_ms: j.updated_at_ms,
+        next_fire_at_ms: j.next_fire_at_ms,
+        active_runs: j.active_runs,
+        buffered_at_ms: j.buffered_at_ms,
+        history_len: j.history_len,
+        retention_due_ms: j.retention_due_ms,
+    })
+}
+
+#[test]
+fn a_job_using_nothing_new_is_stored_byte_for_byte_as_state_format_8_and_read_back() {
+    let mut sim = Sim::default();
+    sim.create(every("a", 1000), T0);
+    sim.create(spec("once", ScheduleInput::At { at_ms: T0 + 500 }), T0);
+    for k in 1..=3 {
+        sim.fire_due(T0 + k * 1000);
+    }
+    sim.exec(pause("a", "", T0 + 3500));
+    for id in ["a", "once"] {
+        let stored = sim.view.get(&keys::job(id)).unwrap();
+        let job = sim.job(id);
+        assert_eq!(stored, as_v8(&job), "{id}: no tail, the format-8 layout");
+        assert_eq!(Job::from_record(&as_v8(&job)).unwrap(), job);
+    }
+    assert_eq!(sim.job("once").state(), JobState::Finished);
+    assert_eq!(sim.job("a").state(), JobState::Paused);
+}
+
+#[test]
+fn a_job_record_carries_its_extension_as_a_tail_that_must_decode_to_its_end() {
+    let mut sim = Sim::default();
+    let mut s = bounded("a", 1000, max_runs(5));
+    s.labels.insert("team".into(), "pay".into());
+    sim.create(s, T0);
+    sim.fire_due(T0 + 1000);
+    sim.exec(pause("a", "db migration", T0 + 1500));
+    let job = sim.job("a");
+    let stored = sim.view.get(&keys::job("a")).unwrap();
+    assert!(stored.len() > as_v8(&job).len() && stored.starts_with(&as_v8(&job)));
+    assert_eq!(job.fired_count, 1);
+    assert_eq!(job.labels.get("team").map(String::as_str), Some("pay"));
+    assert_eq!(
+        job.pause.as_ref().map(|p| p.note.as_str()),
+        Some("db migration")
+    );
+    let mut trailing = stored.clone();
+    trailing.push(7);
+    assert!(Job::from_record(&trailing).is_err(), "bytes after the tail");
+    assert!(
+        Job::from_record(&stored[..stored.len() - 1]).is_err(),
+        "a cut tail"
+    );
+}
+
+#[test]
+fn what_older_log_formats_lack_needs_format_3_and_the_rest_keeps_its_old_encoding() {
+    let plain = every("a", 1000);
+    let mut labelled = every("a", 1000);
+    labelled.labels.insert("k".into(), "v".into());
+    let needs_3 = [
+        Command::create_job(labelled.clone(), T0),
+        Command::update_job(bounded("a", 1000, max_runs(2)), 0, T0),
+        pause("a", "note", T0),
+        Command::PauseFiring {
+            note: String::new(),
+            now_ms: T0,
+        },
+        Command::ResumeFiring { now_ms: T0 },
+        by("ops", Command::create_job(labelled, T0)),
+    ];
+    for cmd in needs_3 {
+        assert_eq!(
+            VersionedCommand::at(&cmd, 2).err(),
+            Some(FormatTooNew {
+                needs: 3,
+                active: 2
+            }),
+            "{cmd:?}"
+        );
+        let entry = VersionedCommand::at(&cmd, 3).unwrap();
+        assert_eq!(entry.command(1).unwrap(), cmd);
+    }
+    for cmd in [
+        Command::create_job(plain.clone(), T0),
+        Command::update_job(plain.clone(), 4, T0),
+        pause("a", "", T0),
+    ] {
+        assert_eq!(cmd.min_format(), 1, "{cmd:?}");
+    }
+    // CreateJob is variant 0, its spec the five fields format 1 has.
+    let v1 = encode(&(
+        0u8,
+        (
+            &plain.id,
+            &plain.schedule,
+            &plain.group,
+            &plain.payload,
+            &plain.policy,
+        ),
+        T0,
+    ));
+    assert_eq!(encode(&Command::create_job(plain, T0)), v1);
+}

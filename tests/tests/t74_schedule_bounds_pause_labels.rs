@@ -1,0 +1,272 @@
+//! Issue #16 items 4, 7, 8 through kairosctl on real clusters: a job with
+//! `--max-runs` fires exactly that many times and shows finished; `--end-at`
+//! stops a job; `cluster pause` stops all firing across a leader kill and
+//! `cluster resume` applies the misfire policy; a pause note is recorded
+//! and shown; label, state and prefix filters page through `job list`.
+
+use std::time::Duration;
+
+use kairos_tests::{wait_for, Cluster};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn json(cluster: &Cluster, args: &[&str]) -> Value {
+    let mut all = vec!["--output", "json"];
+    all.extend_from_slice(args);
+    let (ok, out) = cluster.kairosctl(&all);
+    assert!(ok, "kairosctl {args:?}: {out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// `job create ID --every EVERY --group g` and `extra` flags.
+fn create_args<'a>(id: &'a str, every: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["job", "create", id, "--every", every, "--group", "g"];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// Runs kairosctl and expects success.
+fn run(cluster: &Cluster, args: &[&str]) {
+    let (ok, out) = cluster.kairosctl(args);
+    assert!(ok, "kairosctl {args:?}: {out}");
+}
+
+/// Runs kairosctl and expects a refusal that says `want`.
+fn refused(cluster: &Cluster, args: &[&str], want: &str) {
+    let (ok, out) = cluster.kairosctl(args);
+    assert!(!ok && out.contains(want), "kairosctl {args:?}: {out}");
+}
+
+fn job(cluster: &Cluster, id: &str) -> Value {
+    json(cluster, &["job", "get", id])[0].clone()
+}
+
+fn ids(v: &Value) -> Vec<String> {
+    let jobs = v.as_array().expect("a job array");
+    jobs.iter()
+        .map(|j| j["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_runs_and_end_at_finish_jobs_and_a_pause_note_is_shown() {
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader().await;
+    let c = cluster.client();
+
+    run(
+        &cluster,
+        &create_args("thrice", "200ms", &["--max-runs", "3"]),
+    );
+    let finished = wait_for("thrice finished", WAIT, || async {
+        let j = job(&cluster, "thrice");
+        (j["state"] == "finished").then_some(j)
+    })
+    .await;
+    assert_eq!(finished["fired_count"], 3, "{finished}");
+    assert_eq!(finished["next_fire_at_ms"], 0, "{finished}");
+    assert_eq!(c.list_runs("thrice", 100).await.unwrap().len(), 3);
+
+    let created = job(&cluster, "thrice")["created_at_ms"].as_i64().unwrap();
+    let end = created + 1500;
+    run(
+        &cluster,
+        &create_args("ends", "200ms", &["--end-at", &rfc3339(end)]),
+    );
+    wait_for("ends finished", WAIT, || async {
+        (job(&cluster, "ends")["state"] == "finished").then_some(())
+    })
+    .await;
+    let runs = c.list_runs("ends", 100).await.unwrap();
+    assert!(!runs.is_empty());
+    assert!(runs.iter().all(|r| r.scheduled_at_ms <= end), "{runs:?}");
+
+    // Refusals name the field and the rule, and create nothing.
+    refused(
+        &cluster,
+        &create_args("bad", "1s", &["--max-runs", "0"]),
+        "max_runs: must be between 1 and 1000000000",
+    );
+    refused(
+        &cluster,
+        &create_args(
+            "bad",
+            "1s",
+            &[
+                "--start-at",
+                &rfc3339(end + 10_000),
+                "--end-at",
+                &rfc3339(end + 5_000),
+            ],
+        ),
+        "end_at_ms: must be after start_at_ms",
+    );
+    let (ok, out) = cluster.kairosctl(&["job", "get", "bad"]);
+    assert!(!ok, "{out}");
+
+    // A pause note, shown by get, cleared by resume.
+    run(&cluster, &create_args("tick", "1h", &[]));
+    let (ok, out) = cluster.kairosctl(&["job", "pause", "tick", "--note", "db migration"]);
+    assert!(
+        ok && out.contains("paused") && out.contains("db migration"),
+        "{out}"
+    );
+    let j = job(&cluster, "tick");
+    assert_eq!(
+        (&j["state"], &j["pause_note"]),
+        (&"paused".into(), &"db migration".into()),
+        "{j}"
+    );
+    assert!(j["paused_at_ms"].as_i64().unwrap() > 0, "{j}");
+    let long = "x".repeat(1025);
+    refused(
+        &cluster,
+        &["job", "pause", "tick", "--note", &long],
+        "note: at most 1024 bytes, got 1025",
+    );
+    run(&cluster, &["job", "resume", "tick"]);
+    let j = job(&cluster, "tick");
+    assert_eq!(
+        (&j["state"], &j["pause_note"]),
+        (&"active".into(), &"".into()),
+        "{j}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_pause_holds_across_a_leader_kill_and_resume_applies_the_misfire_policy() {
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_leader().await;
+    let c = cluster.client();
+    run(
+        &cluster,
+        &create_args(
+            "beat",
+            "200ms",
+            &["--misfire", "fire-once", "--grace", "100ms"],
+        ),
+    );
+    wait_for("beat fires", WAIT, || async {
+        (!c.list_runs("beat", 10).await.ok()?.is_empty()).then_some(())
+    })
+    .await;
+    let (ok, out) = cluster.kairosctl(&["cluster", "pause", "--note", "incident 7"]);
+    assert!(
+        ok && out.contains("PAUSED") && out.contains("incident 7"),
+        "{out}"
+    );
+    let fired_before = c.list_runs("beat", 1000).await.unwrap().len();
+
+    cluster.kill(leader);
+    let new_leader = cluster.wait_leader().await;
+    assert_ne!(new_leader, leader);
+    let status = json(&cluster, &["cluster", "status"]);
+    assert_eq!(status["firing"]["paused"], true, "{status}");
+    assert_eq!(status["firing"]["note"], "incident 7", "{status}");
+
+    // Wait until cluster time is well past the job's pending occurrence
+    // (stamped on probe jobs the new leader commits): it was due, and
+    // nothing fired.
+    let due = job(&cluster, "beat")["next_fire_at_ms"].as_i64().unwrap();
+    let mut probe = 0;
+    wait_for("cluster time past the due occurrence", WAIT, || {
+        probe += 1;
+        let id = format!("probe-{probe}");
+        run(
+            &cluster,
+            &["job", "create", &id, "--every", "1h", "--group", "p"],
+        );
+        let created = job(&cluster, &id)["created_at_ms"].as_i64().unwrap();
+        async move { (created > due + 1000).then_some(()) }
+    })
+    .await;
+    refused(&cluster, &["job", "trigger", "beat"], "firing is paused");
+    assert_eq!(c.list_runs("beat", 1000).await.unwrap().len(), fired_before);
+
+    let (ok, out) = cluster.kairosctl(&["cluster", "resume"]);
+    assert!(ok && out.contains("firing: on"), "{out}");
+    let coalesced = wait_for("a coalesced run after resume", WAIT, || async {
+        let runs = c.list_runs("beat", 1000).await.ok()?;
+        runs.into_iter()
+            .find(|r| r.note.contains("misfire fire-once: coalesced"))
+    })
+    .await;
+    assert!(coalesced.scheduled_at_ms >= due, "{coalesced:?}");
+    let status = json(&cluster, &["cluster", "status"]);
+    assert_eq!(status["firing"]["paused"], false, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_list_filters_by_labels_state_group_and_prefix_across_pages() {
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader().await;
+    for (id, group, team) in [
+        ("web-1", "g", "web"),
+        ("web-2", "g", "web"),
+        ("web-3", "h", "web"),
+        ("web-4", "g", "web"),
+        ("web-5", "g", "web"),
+        ("data-1", "g", "data"),
+        ("data-2", "h", "data"),
+    ] {
+        let label = format!("team={team}");
+        run(
+            &cluster,
+            &[
+                "job",
+                "create",
+                id,
+                "--every",
+                "1h",
+                "--group",
+                group,
+                "--label",
+                &label,
+                "--label",
+                "example.com/tier=gold",
+            ],
+        );
+    }
+    run(&cluster, &["job", "pause", "web-4"]);
+    let list = |args: &[&str]| {
+        let mut all = vec!["job", "list", "--page-size", "2"];
+        all.extend_from_slice(args);
+        ids(&json(&cluster, &all))
+    };
+    assert_eq!(
+        list(&["--selector", "team=web"]),
+        vec!["web-1", "web-2", "web-3", "web-4", "web-5"]
+    );
+    assert_eq!(
+        list(&[
+            "--selector",
+            "team=web,example.com/tier=gold",
+            "--group",
+            "g"
+        ]),
+        vec!["web-1", "web-2", "web-4", "web-5"]
+    );
+    assert_eq!(list(&["--state", "paused"]), vec!["web-4"]);
+    assert_eq!(list(&["--prefix", "data-", "--group", "h"]), vec!["data-2"]);
+    assert_eq!(list(&["--selector", "team=ops"]), Vec::<String>::new());
+    let j = job(&cluster, "web-1");
+    assert_eq!(j["labels"]["team"], "web", "{j}");
+
+    refused(
+        &cluster,
+        &["job", "list", "--selector", "team"],
+        "selector: \"team\" is not key=value",
+    );
+    refused(
+        &cluster,
+        &create_args("bad", "1h", &["--label=-x=y"]),
+        "job_labels (key)",
+    );
+}
