@@ -1,9 +1,7 @@
 //! The console's JSON handlers. Each calls the gRPC service methods (same
 //! auth, validation, read barrier and leader forwarding) and converts the
-//! answer with `json`. Limits: pages of at most `PAGE_SIZE_MAX` rows, and
-//! the scans the gRPC API has no single call for (runs across jobs, a job's
-//! newest runs) stop after `JOBS_SCAN_MAX` jobs or `RUNS_SCAN_MAX` run
-//! records and hand back a `next_page_token` to go on from.
+//! answer with `json`. Limits: pages of at most `PAGE_SIZE_MAX` rows; a
+//! job's newest runs are picked from at most `RUNS_SCAN_MAX` records.
 
 use std::sync::Arc;
 
@@ -14,15 +12,11 @@ use kairos_proto::v1::{self as pb, cluster_server::Cluster, jobs_server::Jobs, r
 
 use super::json::{self as j, obj, Json};
 use super::{json_body, service, ApiError, Caller, Params, TOKEN_COOKIE};
-use crate::core::{limits, RunId};
-use crate::grpc::api::Api;
 use crate::grpc::auth::{authorize, Need};
 use crate::node::Node;
 
 /// Most rows in one console page.
 pub const PAGE_SIZE_MAX: i64 = 500;
-/// Most jobs one filtered list or cross-job run query looks at.
-pub const JOBS_SCAN_MAX: usize = 5_000;
 /// Most run records one run query looks at.
 pub const RUNS_SCAN_MAX: usize = 10_000;
 /// Most recent runs shown on a job page.
@@ -78,17 +72,6 @@ pub async fn cluster(State(node): State<Arc<Node>>, headers: HeaderMap) -> Answe
         .with("auth", node.auth_required)
         .with("answered_by", node.id);
     Ok(json_body(&v))
-}
-
-fn id_param(p: &Params, name: &str) -> Result<String, ApiError> {
-    let v = p.text(name);
-    if v.len() > limits::ID_MAX_BYTES {
-        return Err(ApiError::field(
-            name,
-            format!("at most {} bytes, got {}", limits::ID_MAX_BYTES, v.len()),
-        ));
-    }
-    Ok(v.to_string())
 }
 
 fn page_size(p: &Params) -> Result<usize, ApiError> {
@@ -251,81 +234,46 @@ pub async fn retry_run(
     Ok(json_body(&obj([("run", j::run(run.get_ref()))])))
 }
 
-/// Runs across jobs: of jobs in `group` (all if empty), scheduled at or
-/// after `since_ms`, in `state` (all if empty); ordered by job id, then
-/// scheduled time. `page_token` is the last run id looked at (or a job id:
-/// go on after that job).
+/// Runs across jobs: `SearchRuns` with one `state` (all if empty), a
+/// `group`, a `job` and `since_ms` (finished then or later, or still active
+/// and fired then or later).
 pub async fn runs(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Answer {
     let p = Params::parse(q.as_deref())?;
-    let page_size = page_size(&p)?;
-    let since_ms = p.number("since_ms", 0, i64::MAX, 0)?;
-    let group = id_param(&p, "group")?;
-    let state = match p.text("state") {
-        "" | "all" => None,
-        s if RUN_STATES.contains(&s) => Some(s.to_string()),
-        other => {
-            return Err(ApiError::field(
-                "state",
-                format!("one of all, {}; got {other:?}", RUN_STATES.join(", ")),
-            ))
+    let states = match p.text("state") {
+        "" | "all" => Vec::new(),
+        s => {
+            let state =
+                pb::RunState::from_str_name(&format!("RUN_STATE_{}", s.to_ascii_uppercase()))
+                    .filter(|st| *st != pb::RunState::Unspecified)
+                    .ok_or_else(|| {
+                        ApiError::field(
+                            "state",
+                            format!("one of all, {}; got {s:?}", RUN_STATES.join(", ")),
+                        )
+                    })?;
+            vec![state as i32]
         }
     };
-    let token = p.text("page_token");
-    let mut scan = RunScan {
-        api: service(&node),
-        caller: Caller::from_headers(&headers),
-        state,
-        since: since_after(since_ms),
-        page_size,
-        out: Vec::new(),
-        scanned: 0,
-        next: None,
+    let req = pb::SearchRunsRequest {
+        job: p.text("job").to_string(),
+        group: p.text("group").to_string(),
+        states,
+        since_ms: p.number("since_ms", 0, i64::MAX, 0)?,
+        page_size: page_size(&p)? as u32,
+        page_token: p.text("page_token").to_string(),
     };
-    let mut job_after = token.to_string();
-    if token.contains('@') {
-        let run = RunId::parse(token)
-            .ok_or_else(|| ApiError::field("page_token", "not a token this API returned"))?;
-        scan.job(&run.job, (run.scheduled_at_ms, run.shard).max(scan.since))
-            .await?;
-        job_after = run.job;
-    }
-    let mut jobs_seen = 0;
-    while scan.next.is_none() {
-        let req = pb::ListJobsRequest {
-            page_size: SCAN_PAGE,
-            page_token: job_after.clone(),
-            group: group.clone(),
-            ..Default::default()
-        };
-        let page = scan
-            .api
-            .list_jobs(scan.caller.request(req)?)
-            .await?
-            .into_inner();
-        for spec in page.jobs.iter().filter_map(|j| j.spec.as_ref()) {
-            jobs_seen += 1;
-            job_after = spec.id.clone();
-            scan.job(&spec.id, scan.since).await?;
-            if scan.next.is_some() {
-                break;
-            }
-            if jobs_seen >= JOBS_SCAN_MAX {
-                scan.next = Some(spec.id.clone());
-                break;
-            }
-        }
-        if page.next_page_token.is_empty() {
-            break;
-        }
-    }
+    let caller = Caller::from_headers(&headers);
+    let page = service(&node)
+        .search_runs(caller.request(req)?)
+        .await?
+        .into_inner();
     Ok(json_body(&obj([
-        ("runs", Json::Arr(scan.out)),
-        ("next_page_token", scan.next.unwrap_or_default().into()),
-        ("scanned", scan.scanned.into()),
+        ("runs", Json::Arr(page.runs.iter().map(j::run).collect())),
+        ("next_page_token", page.next_page_token.into()),
     ])))
 }
 
@@ -339,51 +287,3 @@ const RUN_STATES: [&str; 7] = [
     "skipped",
     "cancelled",
 ];
-
-/// A bounded walk over the runs of several jobs.
-struct RunScan {
-    api: Api,
-    caller: Caller,
-    state: Option<String>,
-    since: (i64, u32),
-    page_size: usize,
-    out: Vec<Json>,
-    scanned: usize,
-    /// Set once the page is full or the budget is spent: where to go on.
-    next: Option<String>,
-}
-
-impl RunScan {
-    /// Looks at `job`'s runs after the cursor `after` until the job ends or the scan stops.
-    async fn job(&mut self, job: &str, mut after: (i64, u32)) -> Result<(), ApiError> {
-        loop {
-            let budget = (RUNS_SCAN_MAX - self.scanned).min(SCAN_PAGE as usize);
-            let req = pb::ListRunsRequest {
-                job: job.to_string(),
-                page_size: budget as u32,
-                after_scheduled_at_ms: after.0,
-                after_shard: after.1,
-            };
-            let page = self
-                .api
-                .list_runs(self.caller.request(req)?)
-                .await?
-                .into_inner();
-            for r in &page.runs {
-                self.scanned += 1;
-                let state = j::run_state(r.state);
-                if self.state.as_ref().is_none_or(|s| *s == state) {
-                    self.out.push(j::run(r));
-                }
-                if self.out.len() == self.page_size || self.scanned >= RUNS_SCAN_MAX {
-                    self.next = Some(r.run_id.clone());
-                    return Ok(());
-                }
-            }
-            after = (page.next_after_scheduled_at_ms, page.next_after_shard);
-            if after == (0, 0) {
-                return Ok(());
-            }
-        }
-    }
-}

@@ -11,6 +11,7 @@ pub mod keys;
 #[cfg(test)]
 mod proptests;
 pub mod query;
+pub mod run_search;
 pub mod schedule;
 pub mod stats;
 #[cfg(test)]

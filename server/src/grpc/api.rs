@@ -15,7 +15,9 @@ use super::convert::{
 };
 use super::{error, forwarded, read_barrier, route, write_now_ms};
 use crate::backup;
-use crate::core::{limits, query, validate, Command, Response as R, Role, RunId, Schedule, Token};
+use crate::core::{
+    limits, query, run_search, validate, Command, Response as R, Role, RunId, Schedule, Token,
+};
 use crate::handover;
 use crate::membership;
 use crate::node::Node;
@@ -369,6 +371,98 @@ impl pb::runs_server::Runs for Api {
             other => Err(Status::internal(format!("unexpected response {other:?}"))),
         }
     }
+
+    async fn search_runs(
+        &self,
+        req: Request<pb::SearchRunsRequest>,
+    ) -> Result<Response<pb::SearchRunsResponse>, Status> {
+        forward!(self, req, Need::Read, RunsClient, search_runs);
+        read_barrier(&self.node, &req).await?;
+        let r = req.into_inner();
+        let (filter, after, n) = search_in(&r)?;
+        let page = run_search::search(
+            &self.node.sm.view(),
+            &filter,
+            after.as_ref(),
+            n,
+            run_search::SCAN_MAX,
+        );
+        let mut runs = page.runs;
+        // A page is also cut by bytes (results are up to 512 KiB each); it
+        // then goes on after the last run it holds.
+        let fits = page_prefix_within(&runs, limits::LIST_PAGE_MAX_BYTES);
+        let next = if fits < runs.len() {
+            runs.truncate(fits);
+            runs.last().map(|r| r.id.clone())
+        } else {
+            page.next_after
+        };
+        Ok(Response::new(pb::SearchRunsResponse {
+            runs: runs.iter().map(run_out).collect(),
+            next_page_token: next.map(|id| id.to_string()).unwrap_or_default(),
+        }))
+    }
+}
+
+/// A search request as a filter, a cursor and a page size, each checked.
+fn search_in(
+    r: &pb::SearchRunsRequest,
+) -> Result<(run_search::RunFilter, Option<RunId>, usize), Status> {
+    let n = match r.page_size as usize {
+        0 => limits::PAGE_SIZE_DEFAULT,
+        n if n <= run_search::PAGE_MAX => n,
+        n => {
+            return Err(Status::invalid_argument(format!(
+                "page_size: at most {}, got {n}",
+                run_search::PAGE_MAX
+            )))
+        }
+    };
+    let job = (!r.job.is_empty()).then(|| r.job.clone());
+    if let Some(job) = &job {
+        validate::name("job", job, limits::ID_MAX_BYTES).map_err(error::command)?;
+    }
+    let group = (!r.group.is_empty()).then(|| r.group.clone());
+    if let Some(group) = &group {
+        validate::name("group", group, limits::GROUP_MAX_BYTES).map_err(error::command)?;
+    }
+    let states_max = 16;
+    if r.states.len() > states_max {
+        return Err(Status::invalid_argument(format!(
+            "states: at most {states_max}, got {}",
+            r.states.len()
+        )));
+    }
+    let mut states = Vec::new();
+    for s in &r.states {
+        let name = pb::RunState::try_from(*s)
+            .ok()
+            .filter(|s| *s != pb::RunState::Unspecified)
+            .map(|s| {
+                s.as_str_name()
+                    .trim_start_matches("RUN_STATE_")
+                    .to_lowercase()
+            });
+        let core = name.as_deref().and_then(run_search::states_named);
+        let core =
+            core.ok_or_else(|| Status::invalid_argument(format!("states: unknown run state {s}")))?;
+        states.extend_from_slice(core);
+    }
+    let after = match r.page_token.as_str() {
+        "" => None,
+        t => Some(parse_run_id(t).map_err(|_| {
+            Status::invalid_argument(format!(
+                "page_token: not a token from a previous page: {t:?}"
+            ))
+        })?),
+    };
+    let filter = run_search::RunFilter {
+        job,
+        group,
+        states,
+        since_ms: (r.since_ms != 0).then_some(r.since_ms),
+    };
+    Ok((filter, after, n))
 }
 
 /// A run id in its text form, with the job id checked as an id.

@@ -56,14 +56,16 @@ pub async fn serve_public(
 ) -> anyhow::Result<()> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<JobsServer<api::Api>>().await;
-    // Only the public services are advertised (the descriptor set also holds the peer API).
-    let reflection = PUBLIC_SERVICES
-        .iter()
-        .fold(tonic_reflection::server::Builder::configure(), |b, s| {
-            b.with_service_name(*s)
-        })
-        .register_encoded_file_descriptor_set(kairos_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Only the public services are advertised (the descriptor set also holds
+    // the peer API), in both reflection versions: many tools still ask v1alpha.
+    let reflection = || {
+        PUBLIC_SERVICES
+            .iter()
+            .fold(tonic_reflection::server::Builder::configure(), |b, s| {
+                b.with_service_name(*s)
+            })
+            .register_encoded_file_descriptor_set(kairos_proto::FILE_DESCRIPTOR_SET)
+    };
     let api = api::Api { node: node.clone() };
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = &tls {
@@ -72,7 +74,8 @@ pub async fn serve_public(
     server
         .tcp_nodelay(true)
         .add_service(health)
-        .add_service(reflection)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
         .add_service(JobsServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(RunsServer::new(api.clone()))
         .add_service(ClusterServer::new(api))

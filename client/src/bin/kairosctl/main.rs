@@ -1,15 +1,19 @@
 //! `kairosctl`: the command line for everything the Kairos API does.
 //! Human tables by default, `--output json` for scripts.
 
+mod apply;
 mod exec;
+mod spec;
+mod table;
 mod watch;
 
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use kairos_client::{pb, Client, Security};
 use serde_json::{json, Value};
+use spec::{spec, SpecArgs};
 
 #[derive(Parser)]
 #[command(
@@ -73,6 +77,11 @@ enum Cmd {
     /// Run a ready worker for a group. WARNING: it EXECUTES whatever the jobs
     /// of that group send it (`--exec shell` runs the payload with `sh -c`).
     Worker(exec::WorkerArgs),
+    /// Print a shell completion script (e.g. `kairosctl completion bash > /etc/bash_completion.d/kairosctl`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -95,16 +104,29 @@ enum ScheduleCmd {
 #[derive(Subcommand)]
 enum JobCmd {
     Create(SpecArgs),
-    /// Replace a job's definition (flags as for create); --revision makes it a compare-and-set.
+    /// Change the flags given and keep the rest (read, change, write back
+    /// as a compare-and-set on the revision read); --replace replaces the
+    /// whole definition (flags as for create).
     Update {
         #[command(flatten)]
         spec: SpecArgs,
+        /// Refuse the update unless the job is at this revision (0: the revision read).
         #[arg(long, default_value_t = 0)]
         revision: u64,
+        /// Replace the whole definition: flags not given take their defaults.
+        #[arg(long)]
+        replace: bool,
     },
+    /// Every field of a job: schedule, policies, routing, retries,
+    /// timeouts, retention, state, revision, next fire.
     Get {
         id: String,
     },
+    /// Create, update or leave as they are the jobs of a file (TOML, JSON
+    /// or YAML by extension, `jobs = [...]`), one line per job.
+    Apply(apply::ApplyArgs),
+    /// Write jobs in the format `job apply` reads.
+    Export(apply::ExportArgs),
     /// Jobs in id order, filtered on the server (filters are AND-ed).
     List {
         #[arg(long, default_value_t = 1000)]
@@ -157,85 +179,6 @@ enum JobCmd {
     },
 }
 
-#[derive(Args)]
-struct SpecArgs {
-    id: String,
-    /// Cron expression: 5 fields, 6 (seconds first) or 7 (with year).
-    #[arg(long, group = "schedule")]
-    cron: Option<String>,
-    /// IANA time zone for --cron (default UTC).
-    #[arg(long, requires = "cron")]
-    tz: Option<String>,
-    /// How --cron is read: unix (Vixie cron, weekdays 0-7 from Sunday=0) or
-    /// quartz (6/7 fields, weekdays 1-7 from Sunday=1, one day field '?').
-    #[arg(long, requires = "cron", value_parser = ["unix", "quartz"])]
-    dialect: Option<String>,
-    /// Fixed rate, e.g. 200ms, 30s, 1m, 1h30m.
-    #[arg(long, group = "schedule")]
-    every: Option<String>,
-    /// One-shot at an RFC 3339 time, e.g. 2026-12-01T09:00:00Z.
-    #[arg(long, group = "schedule")]
-    at: Option<String>,
-    /// One-shot after a delay, e.g. 30m.
-    #[arg(long, group = "schedule")]
-    after: Option<String>,
-    #[arg(long)]
-    group: String,
-    #[arg(long, default_value = "")]
-    payload: String,
-    #[arg(long, value_parser = ["fire-all", "fire-once", "skip"], default_value = "fire-all")]
-    misfire: String,
-    /// Lateness beyond which the misfire policy applies (default 60s).
-    #[arg(long)]
-    grace: Option<String>,
-    /// Attempt deadline (default 60s).
-    #[arg(long)]
-    timeout: Option<String>,
-    #[arg(long, default_value_t = 1)]
-    max_attempts: u32,
-    /// Base retry backoff, doubled per attempt (default 1s).
-    #[arg(long)]
-    backoff: Option<String>,
-    /// 1 (lowest) to 10 (highest).
-    #[arg(long, default_value_t = 5)]
-    priority: u32,
-    #[arg(long, value_parser = ["allow", "forbid", "buffer-one", "replace"], default_value = "allow")]
-    overlap: String,
-    /// How the leader picks a worker of the group for each attempt.
-    #[arg(long, value_parser = ["least-loaded", "round-robin", "consistent-hash", "label"], default_value = "least-loaded")]
-    route: String,
-    /// With --route label: only workers started with this label key=value (repeatable).
-    #[arg(long = "route-label", value_parser = label_pair)]
-    route_labels: Vec<(String, String)>,
-    /// A label of the job, key=value, for `job list --selector` (repeatable,
-    /// at most 16; Kubernetes label syntax). Not used for routing.
-    #[arg(long = "label", value_parser = label_pair)]
-    labels: Vec<(String, String)>,
-    /// No occurrence before this RFC 3339 time.
-    #[arg(long)]
-    start_at: Option<String>,
-    /// No occurrence after this RFC 3339 time; past it the job is finished.
-    #[arg(long)]
-    end_at: Option<String>,
-    /// Finish the job after this many scheduled occurrences fired (1 to 1000000000).
-    #[arg(long)]
-    max_runs: Option<u64>,
-    /// Runs per occurrence with shard indexes 0..N-1 (1 to 1024).
-    #[arg(long, conflicts_with = "broadcast")]
-    shards: Option<u32>,
-    /// One run per worker of the group connected when the occurrence fires.
-    #[arg(long)]
-    broadcast: bool,
-    /// Finished run records kept, 1 to 100000 (default 10000); the oldest
-    /// finished ones beyond it are deleted. Active runs are always kept.
-    #[arg(long)]
-    keep_runs: Option<u64>,
-    /// Delete finished runs older than this, e.g. 7d (default: keep them
-    /// regardless of age).
-    #[arg(long)]
-    keep_for: Option<String>,
-}
-
 /// Parses `key=value` for `--label`.
 pub(crate) fn label_pair(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
@@ -246,10 +189,21 @@ pub(crate) fn label_pair(s: &str) -> Result<(String, String), String> {
 
 #[derive(Subcommand)]
 enum RunsCmd {
-    /// Runs of a job ordered by scheduled time.
+    /// Runs of a job ordered by scheduled time; without --job, or with a
+    /// filter, runs across jobs (in job, then scheduled time order).
     List {
         #[arg(long)]
-        job: String,
+        job: Option<String>,
+        /// Only runs of jobs in this worker group.
+        #[arg(long)]
+        group: Option<String>,
+        /// Only runs in these states (repeatable or comma-separated).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        state: Vec<StateArg>,
+        /// Only runs finished (or, still active, fired) at or after this:
+        /// an RFC 3339 time or a duration ago, e.g. 1h.
+        #[arg(long)]
+        since: Option<String>,
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
@@ -261,6 +215,99 @@ enum RunsCmd {
         /// Run id as listed: <job>@<scheduled_at_ms>[/s<shard>].
         run: String,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StateArg {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    TimedOut,
+    Skipped,
+    Cancelled,
+}
+
+impl StateArg {
+    fn pb(self) -> pb::RunState {
+        match self {
+            StateArg::Pending => pb::RunState::Pending,
+            StateArg::Running => pb::RunState::Running,
+            StateArg::Succeeded => pb::RunState::Succeeded,
+            StateArg::Failed => pb::RunState::Failed,
+            StateArg::TimedOut => pb::RunState::TimedOut,
+            StateArg::Skipped => pb::RunState::Skipped,
+            StateArg::Cancelled => pb::RunState::Cancelled,
+        }
+    }
+}
+
+/// `--since`: an RFC 3339 time, or a duration before `now_ms`.
+fn since_ms(s: &str, now_ms: i64) -> anyhow::Result<i64> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.timestamp_millis());
+    }
+    let ago = duration_ms(s)
+        .with_context(|| format!("--since {s:?}: expected an RFC 3339 time or a duration"))?;
+    Ok(now_ms.saturating_sub(i64::try_from(ago).unwrap_or(i64::MAX)))
+}
+
+/// Runs across jobs matching the filter, page by page, at most `limit`.
+async fn search_runs(
+    c: &Client,
+    mut req: pb::SearchRunsRequest,
+    limit: usize,
+) -> anyhow::Result<Vec<pb::Run>> {
+    let mut runs = Vec::new();
+    while runs.len() < limit {
+        req.page_size = (limit - runs.len()).min(500) as u32;
+        let page = c
+            .runs(|mut r| {
+                let q = req.clone();
+                async move { r.search_runs(q).await }
+            })
+            .await?;
+        runs.extend(page.runs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        req.page_token = page.next_page_token;
+    }
+    Ok(runs)
+}
+
+async fn runs_list(
+    c: &Client,
+    out: Output,
+    job: Option<String>,
+    group: Option<String>,
+    state: Vec<StateArg>,
+    since: Option<String>,
+    limit: usize,
+) -> anyhow::Result<()> {
+    let runs = match job {
+        Some(job) if group.is_none() && state.is_empty() && since.is_none() => {
+            c.list_runs(&job, limit).await?
+        }
+        job => {
+            let now = chrono::Utc::now().timestamp_millis();
+            let req = pb::SearchRunsRequest {
+                job: job.unwrap_or_default(),
+                group: group.unwrap_or_default(),
+                states: state.iter().map(|s| s.pb() as i32).collect(),
+                since_ms: since
+                    .as_deref()
+                    .map(|s| since_ms(s, now))
+                    .transpose()?
+                    .unwrap_or(0),
+                page_size: 0,
+                page_token: String::new(),
+            };
+            search_runs(c, req, limit).await?
+        }
+    };
+    print_runs(out, &runs);
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -582,12 +629,21 @@ enum TokenCmd {
 
 async fn token_cmd(c: &Client, out: Output, cmd: TokenCmd) -> anyhow::Result<()> {
     use pb::cluster_client::ClusterClient;
-    let print = |t: &pb::TokenInfo| match out {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({"name": t.name, "role": t.role, "groups": t.groups, "created_at_ms": t.created_at_ms})
-        ),
-        Output::Table => println!("{:<24} {:<9} {}", t.name, t.role, t.groups.join(",")),
+    let print = |tokens: &[pb::TokenInfo]| {
+        match out {
+        Output::Json => tokens.iter().for_each(|t| {
+            println!(
+                "{}",
+                json!({"name": t.name, "role": t.role, "groups": t.groups, "created_at_ms": t.created_at_ms})
+            )
+        }),
+        Output::Table => {
+            let rows = (tokens.iter())
+                .map(|t| vec![t.name.clone(), t.role.clone(), t.groups.join(",")])
+                .collect();
+            table::print(&["NAME", "ROLE", "GROUPS"], &[], rows);
+        }
+    }
     };
     match cmd {
         TokenCmd::Create { name, role, groups } => {
@@ -599,7 +655,7 @@ async fn token_cmd(c: &Client, out: Output, cmd: TokenCmd) -> anyhow::Result<()>
                 })
                 .await?;
             if let Some(t) = &r.token {
-                print(t);
+                print(std::slice::from_ref(t));
             }
             // The secret on its own line, so scripts can take the last line.
             eprintln!("secret (shown once; present it with --token or KAIROS_TOKEN):");
@@ -613,7 +669,7 @@ async fn token_cmd(c: &Client, out: Output, cmd: TokenCmd) -> anyhow::Result<()>
                         .await
                 })
                 .await?;
-            r.tokens.iter().for_each(print);
+            print(&r.tokens);
         }
         TokenCmd::Revoke { name } => {
             let req = pb::RevokeTokenRequest { name: name.clone() };
@@ -665,84 +721,6 @@ pub(crate) fn duration_ms(s: &str) -> anyhow::Result<u64> {
         rest = &rest[unit_len..];
     }
     Ok(total)
-}
-
-fn opt_ms(s: &Option<String>) -> anyhow::Result<u64> {
-    s.as_deref()
-        .map(duration_ms)
-        .transpose()
-        .map(|v| v.unwrap_or(0))
-}
-
-fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
-    use pb::schedule::Kind;
-    let kind = if let Some(c) = &a.cron {
-        Kind::Cron(pb::Cron {
-            expr: c.clone(),
-            tz: a.tz.clone().unwrap_or_default(),
-            dialect: a.dialect.clone().unwrap_or_default(),
-        })
-    } else if let Some(e) = &a.every {
-        Kind::EveryMs(duration_ms(e)?)
-    } else if let Some(t) = &a.at {
-        let t = chrono::DateTime::parse_from_rfc3339(t)
-            .with_context(|| format!("--at {t:?}: expected RFC 3339"))?;
-        Kind::AtMs(t.timestamp_millis())
-    } else if let Some(d) = &a.after {
-        Kind::AfterMs(duration_ms(d)?)
-    } else {
-        bail!("schedule: give one of --cron, --every, --at, --after");
-    };
-    let misfire = match a.misfire.as_str() {
-        "fire-once" => pb::MisfirePolicy::FireOnce,
-        "skip" => pb::MisfirePolicy::Skip,
-        _ => pb::MisfirePolicy::FireAll,
-    };
-    let overlap = match a.overlap.as_str() {
-        "forbid" => pb::OverlapPolicy::Forbid,
-        "buffer-one" => pb::OverlapPolicy::BufferOne,
-        "replace" => pb::OverlapPolicy::Replace,
-        _ => pb::OverlapPolicy::Allow,
-    };
-    let route = match a.route.as_str() {
-        "round-robin" => pb::RoutePolicy::RoundRobin,
-        "consistent-hash" => pb::RoutePolicy::ConsistentHash,
-        "label" => pb::RoutePolicy::Label,
-        _ => pb::RoutePolicy::LeastLoaded,
-    };
-    Ok(pb::JobSpec {
-        id: a.id.clone(),
-        schedule: Some(pb::Schedule { kind: Some(kind) }),
-        group: a.group.clone(),
-        payload: a.payload.clone().into_bytes(),
-        misfire: misfire as i32,
-        misfire_grace_ms: opt_ms(&a.grace)?,
-        timeout_ms: opt_ms(&a.timeout)?,
-        max_attempts: a.max_attempts,
-        backoff_ms: opt_ms(&a.backoff)?,
-        priority: a.priority,
-        overlap: overlap as i32,
-        route: route as i32,
-        labels: a.route_labels.iter().cloned().collect(),
-        shards: a.shards,
-        broadcast: a.broadcast,
-        keep_runs: a.keep_runs.unwrap_or(0),
-        keep_for_ms: opt_ms(&a.keep_for)?,
-        start_at_ms: opt_time_ms("--start-at", &a.start_at)?,
-        end_at_ms: opt_time_ms("--end-at", &a.end_at)?,
-        max_runs: a.max_runs,
-        job_labels: a.labels.iter().cloned().collect(),
-    })
-}
-
-fn opt_time_ms(flag: &str, t: &Option<String>) -> anyhow::Result<Option<i64>> {
-    t.as_ref()
-        .map(|t| {
-            chrono::DateTime::parse_from_rfc3339(t)
-                .map(|t| t.timestamp_millis())
-                .with_context(|| format!("{flag} {t:?}: expected RFC 3339"))
-        })
-        .transpose()
 }
 
 fn run_state(s: i32) -> &'static str {
@@ -809,28 +787,101 @@ fn time_text(ms: i64) -> String {
         .unwrap_or_default()
 }
 
+/// Every field of a job: its spec as `job apply` reads it, and its state.
 fn job_json(j: &pb::Job) -> Value {
     let s = j.spec.clone().unwrap_or_default();
-    json!({
-        "id": s.id, "group": s.group, "schedule": schedule_text(&s.schedule),
-        "payload": String::from_utf8_lossy(&s.payload), "revision": j.revision, "paused": j.paused,
+    let mut v = json!(spec::args_of(&s));
+    let state = json!({
+        "schedule": schedule_text(&s.schedule), "revision": j.revision, "paused": j.paused,
         "created_at_ms": j.created_at_ms, "updated_at_ms": j.updated_at_ms, "next_fire_at_ms": j.next_fire_at_ms,
-        "priority": s.priority, "max_attempts": s.max_attempts, "timeout_ms": s.timeout_ms,
-        "route": route_text(s.route), "route_labels": s.labels, "shards": s.shards, "broadcast": s.broadcast,
-        "keep_runs": s.keep_runs, "keep_for_ms": s.keep_for_ms, "labels": s.job_labels,
+        // In the API's units, as earlier releases printed them.
+        "misfire_grace_ms": s.misfire_grace_ms, "timeout_ms": s.timeout_ms, "backoff_ms": s.backoff_ms,
+        "keep_for_ms": s.keep_for_ms, "start_at_ms": s.start_at_ms, "end_at_ms": s.end_at_ms,
         "state": j.state, "fired_count": j.fired_count, "finished_at_ms": j.finished_at_ms,
-        "start_at_ms": s.start_at_ms, "end_at_ms": s.end_at_ms, "max_runs": s.max_runs,
         "pause_note": j.pause_note, "paused_by": j.paused_by, "paused_at_ms": j.paused_at_ms,
-    })
+    });
+    if let (Some(v), Value::Object(state)) = (v.as_object_mut(), state) {
+        v.extend(state);
+    }
+    v
 }
 
-fn route_text(r: i32) -> &'static str {
-    match pb::RoutePolicy::try_from(r).unwrap_or(pb::RoutePolicy::Unspecified) {
-        pb::RoutePolicy::RoundRobin => "round-robin",
-        pb::RoutePolicy::ConsistentHash => "consistent-hash",
-        pb::RoutePolicy::Label => "label",
-        pb::RoutePolicy::LeastLoaded | pb::RoutePolicy::Unspecified => "least-loaded",
+/// "paused AT by WHO: NOTE".
+fn pause_text(j: &pb::Job) -> String {
+    let by = if j.paused_by.is_empty() {
+        "-"
+    } else {
+        &j.paused_by
+    };
+    format!(
+        "paused {} by {by}: {}",
+        time_text(j.paused_at_ms),
+        j.pause_note
+    )
+}
+
+/// A job field by field (`job get`).
+fn print_job(out: Output, j: &pb::Job) {
+    if out == Output::Json {
+        println!("{}", Value::Array(vec![job_json(j)]));
+        return;
     }
+    let s = j.spec.clone().unwrap_or_default();
+    let pairs = |m: &std::collections::HashMap<String, String>| {
+        let m: std::collections::BTreeMap<_, _> = m.iter().collect();
+        let kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        kv.join(",")
+    };
+    let fanout = match (s.shards, s.broadcast) {
+        (Some(n), _) => format!("{n} shards"),
+        (None, true) => "broadcast".into(),
+        (None, false) => "one run".into(),
+    };
+    let dash = |t: String| if t.is_empty() { "-".to_string() } else { t };
+    table::print_fields(vec![
+        ("id", s.id.clone()),
+        ("group", s.group.clone()),
+        ("schedule", schedule_text(&s.schedule)),
+        ("next fire", time_text(j.next_fire_at_ms)),
+        ("paused", if j.paused { pause_text(j) } else { "no".into() }),
+        ("revision", j.revision.to_string()),
+        ("created", time_text(j.created_at_ms)),
+        ("updated", time_text(j.updated_at_ms)),
+        (
+            "payload",
+            dash(String::from_utf8_lossy(&s.payload).into_owned()),
+        ),
+        (
+            "misfire",
+            format!(
+                "{} (grace {})",
+                spec::misfire_text(s.misfire),
+                ms_text(s.misfire_grace_ms)
+            ),
+        ),
+        ("overlap", spec::overlap_text(s.overlap).into()),
+        ("timeout", ms_text(s.timeout_ms)),
+        (
+            "retry",
+            format!(
+                "{} attempts, backoff {} doubling",
+                s.max_attempts,
+                ms_text(s.backoff_ms)
+            ),
+        ),
+        ("priority", s.priority.to_string()),
+        ("route", spec::route_text(s.route).into()),
+        ("route labels", dash(pairs(&s.labels))),
+        ("labels", dash(pairs(&s.job_labels))),
+        ("state", j.state.clone()),
+        ("start at", s.start_at_ms.map_or("-".into(), time_text)),
+        ("end at", s.end_at_ms.map_or("-".into(), time_text)),
+        ("max runs", s.max_runs.map_or("-".into(), |n| n.to_string())),
+        ("fired", j.fired_count.to_string()),
+        ("finished", time_text(j.finished_at_ms)),
+        ("fanout", fanout),
+        ("keep", keep_text(&s)),
+    ]);
 }
 
 fn run_json(r: &pb::Run) -> Value {
@@ -847,35 +898,37 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
         println!("{}", Value::Array(jobs.iter().map(job_json).collect()));
         return;
     }
-    println!(
-        "{:<24} {:<12} {:<32} {:>4} {:<9} {:<18} NEXT FIRE",
-        "ID", "GROUP", "SCHEDULE", "REV", "STATE", "KEEP"
+    let rows = jobs
+        .iter()
+        .map(|j| {
+            let s = j.spec.clone().unwrap_or_default();
+            vec![
+                s.id.clone(),
+                s.group.clone(),
+                schedule_text(&s.schedule),
+                j.revision.to_string(),
+                j.state.clone(),
+                keep_text(&s),
+                time_text(j.next_fire_at_ms),
+            ]
+        })
+        .collect();
+    table::print(
+        &[
+            "ID",
+            "GROUP",
+            "SCHEDULE",
+            "REV",
+            "STATE",
+            "KEEP",
+            "NEXT FIRE",
+        ],
+        &["REV"],
+        rows,
     );
-    for j in jobs {
-        let s = j.spec.clone().unwrap_or_default();
-        let sched = schedule_text(&s.schedule);
-        println!(
-            "{:<24} {:<12} {:<32} {:>4} {:<9} {:<18} {}",
-            s.id,
-            s.group,
-            sched,
-            j.revision,
-            j.state,
-            keep_text(&s),
-            time_text(j.next_fire_at_ms)
-        );
-        if j.paused {
-            let by = if j.paused_by.is_empty() {
-                "-"
-            } else {
-                &j.paused_by
-            };
-            println!(
-                "  paused {} by {by}: {}",
-                time_text(j.paused_at_ms),
-                j.pause_note
-            );
-        }
+    for j in jobs.iter().filter(|j| j.paused) {
+        let id = j.spec.as_ref().map_or("", |s| s.id.as_str());
+        println!("{id}: {}", pause_text(j));
     }
 }
 
@@ -923,31 +976,46 @@ fn print_runs(out: Output, runs: &[pb::Run]) {
         println!("{}", Value::Array(runs.iter().map(run_json).collect()));
         return;
     }
-    println!(
-        "{:<36} {:<26} {:<10} {:>3} {:<14} RESULT / NOTE / ERROR",
-        "RUN", "SCHEDULED", "STATE", "ATT", "WORKER"
+    let rows = runs
+        .iter()
+        .map(|r| {
+            let result = String::from_utf8_lossy(&r.result);
+            let text: Vec<&str> = [result.trim(), r.note.as_str(), r.error.as_str()]
+                .into_iter()
+                .filter(|t| !t.is_empty())
+                .collect();
+            let text = text.join(" | ").replace('\n', " ");
+            vec![
+                r.run_id.clone(),
+                time_text(r.scheduled_at_ms),
+                run_state(r.state).to_string(),
+                r.attempt.to_string(),
+                r.worker.clone(),
+                text.chars().take(120).collect(),
+            ]
+        })
+        .collect();
+    table::print(
+        &[
+            "RUN",
+            "SCHEDULED",
+            "STATE",
+            "ATT",
+            "WORKER",
+            "RESULT / NOTE / ERROR",
+        ],
+        &["ATT"],
+        rows,
     );
-    for r in runs {
-        let result = String::from_utf8_lossy(&r.result);
-        let result = result.trim();
-        let text: Vec<&str> = [result, r.note.as_str(), r.error.as_str()]
-            .into_iter()
-            .filter(|t| !t.is_empty())
-            .collect();
-        let text = text.join(" | ").replace('\n', " ");
-        let text: String = text.chars().take(120).collect();
-        println!(
-            "{:<36} {:<26} {:<10} {:>3} {:<14} {text}",
-            r.run_id,
-            time_text(r.scheduled_at_ms),
-            run_state(r.state),
-            r.attempt,
-            r.worker
-        );
-    }
 }
 
-async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
+/// `update` holds the command line of `job update`, to tell the flags given.
+async fn job_cmd(
+    c: &Client,
+    out: Output,
+    cmd: JobCmd,
+    update: Option<&clap::ArgMatches>,
+) -> anyhow::Result<()> {
     let by_id = |id: &str| pb::JobRef { id: id.to_string() };
     match cmd {
         JobCmd::Create(a) => {
@@ -962,10 +1030,33 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
                 .await?;
             print_jobs(out, &[j]);
         }
-        JobCmd::Update { spec: a, revision } => {
+        JobCmd::Update {
+            spec: a,
+            revision,
+            replace,
+        } => {
+            let (spec, expected_revision) = match (replace, update) {
+                (false, Some(m)) => {
+                    let j = c
+                        .jobs(|mut j| {
+                            let r = by_id(&a.id);
+                            async move { j.get_job(r).await }
+                        })
+                        .await?;
+                    anyhow::ensure!(
+                        revision == 0 || revision == j.revision,
+                        "job {} is at revision {}, not {revision}: it changed since",
+                        a.id,
+                        j.revision
+                    );
+                    let current = j.spec.unwrap_or_default();
+                    (spec(&spec::patched(&current, &a, m)?)?, j.revision)
+                }
+                _ => (spec(&a)?, revision),
+            };
             let req = pb::UpdateJobRequest {
-                spec: Some(spec(&a)?),
-                expected_revision: revision,
+                spec: Some(spec),
+                expected_revision,
             };
             let j = c
                 .jobs(|mut j| {
@@ -982,8 +1073,10 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
                     async move { j.get_job(r).await }
                 })
                 .await?;
-            print_jobs(out, &[j]);
+            print_job(out, &j);
         }
+        JobCmd::Apply(a) => apply::apply(c, a).await?,
+        JobCmd::Export(a) => apply::export(c, a).await?,
         JobCmd::List {
             limit,
             group,
@@ -1072,19 +1165,18 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
             let rows: Vec<Value> = (r.revisions.iter())
                 .map(|v| json!({"revision": v.revision, "at_ms": v.at_ms, "by": v.by, "action": v.action}))
                 .collect();
-            let text = (r.revisions.iter())
+            if out == Output::Json {
+                println!("{}", json!(rows));
+                return Ok(());
+            }
+            let rows = (r.revisions.iter())
                 .map(|v| {
                     let by = if v.by.is_empty() { "-" } else { &v.by };
-                    format!(
-                        "{:>4}  {}  {:<7} {by}",
-                        v.revision,
-                        time_text(v.at_ms),
-                        v.action
-                    )
+                    let at = time_text(v.at_ms);
+                    vec![v.revision.to_string(), at, v.action.clone(), by.to_string()]
                 })
-                .collect::<Vec<_>>()
-                .join("\n");
-            print_value(out, json!(rows), &text);
+                .collect();
+            table::print(&["REV", "AT", "ACTION", "BY"], &["REV"], rows);
         }
     }
     Ok(())
@@ -1092,7 +1184,7 @@ async fn job_cmd(c: &Client, out: Output, cmd: JobCmd) -> anyhow::Result<()> {
 
 /// Follows the server's pages (each may be short: a page scans a bounded
 /// number of jobs) until `limit` jobs or the last page.
-async fn list_jobs(
+pub(crate) async fn list_jobs(
     c: &Client,
     limit: usize,
     filter: pb::ListJobsRequest,
@@ -1154,26 +1246,28 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
     if s.membership_changing {
         println!("membership: a change is in progress (joint configuration)");
     }
-    println!(
-        "{:<4} {:<22} {:<22} {:<8} {:<12} {:>6} {:>8} {:>6} {:>10} DIGEST",
-        "ID", "ADDR", "PEER", "MEMBER", "ROLE", "LAG", "APPLIED", "TERM", "SKEW(ms)"
-    );
-    for n in &s.nodes {
-        let d = n.state_digest.get(..16).unwrap_or(&n.state_digest);
-        let member = if n.voter { "voter" } else { "learner" };
-        println!(
-            "{:<4} {:<22} {:<22} {:<8} {:<12} {:>6} {:>8} {:>6} {:>10} {d}",
-            n.id,
-            n.addr,
-            n.peer_addr,
-            member,
-            n.role,
-            n.lag,
-            n.applied_index,
-            n.term,
-            n.clock_offset_ms
-        );
-    }
+    let rows = (s.nodes.iter())
+        .map(|n| {
+            let d = n.state_digest.get(..16).unwrap_or(&n.state_digest);
+            let member = if n.voter { "voter" } else { "learner" };
+            vec![
+                n.id.to_string(),
+                n.addr.clone(),
+                n.peer_addr.clone(),
+                member.to_string(),
+                n.role.clone(),
+                n.lag.to_string(),
+                n.applied_index.to_string(),
+                n.term.to_string(),
+                n.clock_offset_ms.to_string(),
+                d.to_string(),
+            ]
+        })
+        .collect();
+    let header = [
+        "ID", "ADDR", "PEER", "MEMBER", "ROLE", "LAG", "APPLIED", "TERM", "SKEW(ms)", "DIGEST",
+    ];
+    table::print(&header, &["LAG", "APPLIED", "TERM", "SKEW(ms)"], rows);
     if let Some(w) = tzdata_warning(&s.nodes) {
         println!("{w}");
     }
@@ -1238,7 +1332,18 @@ mod tzdata_tests {
 
 #[tokio::main]
 async fn main() {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Cmd::Completion { shell } = cli.cmd {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "kairosctl",
+            &mut std::io::stdout(),
+        );
+        return;
+    }
+    let update = (matches.subcommand_matches("job")).and_then(|m| m.subcommand_matches("update"));
     let security = match Security::load(cli.ca.as_deref(), cli.token.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -1250,12 +1355,14 @@ async fn main() {
         .with_retry_for(Duration::from_secs(15))
         .with_security(security.clone());
     let res = match cli.cmd {
-        Cmd::Job(j) => job_cmd(&client, cli.output, j).await,
-        Cmd::Runs(RunsCmd::List { job, limit }) => client
-            .list_runs(&job, limit)
-            .await
-            .map(|r| print_runs(cli.output, &r))
-            .map_err(Into::into),
+        Cmd::Job(j) => job_cmd(&client, cli.output, j, update).await,
+        Cmd::Runs(RunsCmd::List {
+            job,
+            group,
+            state,
+            since,
+            limit,
+        }) => runs_list(&client, cli.output, job, group, state, since, limit).await,
         Cmd::Runs(RunsCmd::Get { run }) => {
             let req = pb::RunRef { run_id: run };
             client
@@ -1297,6 +1404,7 @@ async fn main() {
         }
         Cmd::Worker(w) => exec::run(cli.endpoints, security, w).await,
         Cmd::Watch(w) => watch::run(&client, cli.output == Output::Json, w).await,
+        Cmd::Completion { .. } => unreachable!("handled before connecting"),
     };
     if let Err(e) = res {
         match e.downcast_ref::<tonic::Status>() {

@@ -243,7 +243,7 @@ async function runsPage(params) {
     location.hash = "#/runs?" + p;
   };
   const form = el("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); go(""); } },
-    el("label", {}, "state", stateSel), el("label", {}, "scheduled in the last", sinceSel), el("label", {}, "group", group),
+    el("label", {}, "state", stateSel), el("label", {}, "finished in the last", sinceSel), el("label", {}, "group", group),
     el("button", { type: "submit", id: "runs-apply" }, "Show"));
   const rows = r.runs.map(run => {
     const row = runRow(run);
