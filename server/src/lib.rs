@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod backup;
 pub mod clock;
+pub mod console;
 pub mod core;
 pub mod failpoint;
 pub mod grpc;

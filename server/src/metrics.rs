@@ -88,7 +88,7 @@ pub struct Metrics {
     raft_is_leader: Gauge,
     log_first_index: Gauge,
     snapshot_bytes: Gauge,
-    cluster_time_offset_ms: Gauge,
+    cluster_time_offset: FloatGauge,
     clock_skew: Family<PeerLabel, FloatGauge>,
     queue_depth: Family<GroupLabel, Gauge>,
     workers: Family<GroupLabel, Gauge>,
@@ -136,7 +136,7 @@ impl Metrics {
             raft_is_leader: Gauge::default(),
             log_first_index: Gauge::default(),
             snapshot_bytes: Gauge::default(),
-            cluster_time_offset_ms: Gauge::default(),
+            cluster_time_offset: FloatGauge::default(),
             clock_skew: Family::default(),
             queue_depth: Family::default(),
             workers: Family::default(),
@@ -248,10 +248,11 @@ impl Metrics {
             Unit::Bytes,
             self.snapshot_bytes.clone(),
         );
-        r.register(
-            "kairos_cluster_time_offset_ms",
-            "Offset this node applies to its clock to follow cluster time, in milliseconds",
-            self.cluster_time_offset_ms.clone(),
+        r.register_with_unit(
+            "kairos_cluster_time_offset",
+            "Offset this node applies to its clock to follow cluster time",
+            Unit::Seconds,
+            self.cluster_time_offset.clone(),
         );
         r.register_with_unit(
             "kairos_clock_skew",
@@ -395,7 +396,8 @@ impl Metrics {
             .set(int(node.log.first_index().unwrap_or(0)));
         let snapshot = std::fs::metadata(node.sm.snapshot_file()).map_or(0, |f| f.len());
         self.snapshot_bytes.set(int(snapshot));
-        self.cluster_time_offset_ms.set(node.clock.offset_ms());
+        self.cluster_time_offset
+            .set(node.clock.offset_ms() as f64 / 1000.0);
         self.clock_skew.clear();
         for (peer, off_ms) in node.clock.peer_offsets() {
             let label = PeerLabel {
@@ -431,8 +433,40 @@ impl Metrics {
         if let Err(e) = encode(&mut out, &self.registry) {
             tracing::error!("encoding metrics: {e}");
         }
-        out
+        prometheus_text(&out)
     }
+}
+
+/// The library's OpenMetrics text as the Prometheus text format (0.0.4)
+/// that `/metrics` declares: a counter's HELP and TYPE name its `_total`
+/// samples, and the OpenMetrics-only `# UNIT` and `# EOF` lines go (units
+/// stay in the names). `promtool check metrics` reads this format.
+fn prometheus_text(open_metrics: &str) -> String {
+    let mut out = String::with_capacity(open_metrics.len());
+    let mut help: Option<&str> = None;
+    for line in open_metrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest);
+            continue;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if let Some((name, kind)) = line.strip_prefix("# TYPE ").and_then(|r| r.split_once(' ')) {
+            let family = match kind {
+                "counter" => format!("{name}_total"),
+                _ => name.to_string(),
+            };
+            if let Some(text) = help.take().and_then(|h| h.split_once(' ')).map(|(_, t)| t) {
+                out.push_str(&format!("# HELP {family} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {family} {kind}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// Raises `counter` to `total`, a count kept by the part that owns it.
@@ -467,6 +501,17 @@ mod tests {
         );
         assert!(out.contains("kairos_fires_total{group=\"g0\"} 2"), "{out}");
         assert!(out.contains("# HELP kairos_fire_lateness_seconds"), "{out}");
+        let text = prometheus_text(&out);
+        assert!(text.contains("# HELP kairos_fires_total "), "{text}");
+        assert!(text.contains("# TYPE kairos_fires_total counter"), "{text}");
+        assert!(
+            text.contains("# TYPE kairos_fire_lateness_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
         assert!(
             out.contains("kairos_fire_lateness_seconds_count 262"),
             "{out}"

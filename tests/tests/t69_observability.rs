@@ -173,7 +173,8 @@ async fn a_run_is_traced_counted_and_every_dashboard_metric_is_exported() {
     assert_eq!(m("kairos_pending_timers"), 0.0);
 
     // Every name the dashboard and the rules use is exported.
-    let exported = exported_names(&scrape(&cluster, leader));
+    let scraped = scrape(&cluster, leader);
+    let exported = exported_names(&scraped);
     let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     for file in ["grafana/kairos.json", "prometheus/alerts.yml"] {
         let text = std::fs::read_to_string(deploy.join(file)).expect(file);
@@ -184,6 +185,45 @@ async fn a_run_is_traced_counted_and_every_dashboard_metric_is_exported() {
             missing.is_empty(),
             "{file} uses names /metrics lacks: {missing:?}"
         );
+    }
+
+    // Prometheus' own linter accepts the exposition and the alert rules.
+    let (_, body) = scraped.split_once("\r\n\r\n").expect("an HTTP answer");
+    promtool(&["check", "metrics"], Some(body));
+    promtool(
+        &[
+            "check",
+            "rules",
+            &deploy.join("prometheus/alerts.yml").display().to_string(),
+        ],
+        None,
+    );
+}
+
+/// Runs Debian's `promtool` (package `prometheus`, installed by `.ci/run`)
+/// with `stdin`, failing on any complaint.
+fn promtool(args: &[&str], stdin: Option<&str>) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("promtool is missing ({e}): apt-get install --no-install-recommends prometheus")
+        });
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    // `check metrics` prints lint findings and exits non-zero on them.
+    assert!(out.status.success(), "promtool {args:?}: {text}");
+    if args[1] == "metrics" {
+        assert!(text.trim().is_empty(), "promtool {args:?}: {text}");
     }
 }
 
@@ -197,8 +237,8 @@ fn scrape(cluster: &Cluster, id: u64) -> String {
 }
 
 /// Sample names a scrape can carry: those present, and those a declared
-/// family yields once it has a series (`_total` of a counter, a histogram's
-/// `_bucket`, `_sum` and `_count`).
+/// family yields once it has a series (a counter's own `_total` name, a
+/// histogram's `_bucket`, `_sum` and `_count`).
 fn exported_names(metrics: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for line in metrics.lines() {
@@ -208,7 +248,6 @@ fn exported_names(metrics: &str) -> BTreeSet<String> {
                 continue;
             };
             let suffixes: &[&str] = match kind {
-                "counter" => &["_total"],
                 "histogram" => &["_bucket", "_sum", "_count"],
                 _ => &[""],
             };
