@@ -1248,6 +1248,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// follow its job; runs those start may end at once (skipped), and are
     /// followed in turn. The graph has no cycle, so this ends.
     fn follow_upstreams(&mut self) {
+        // One look at the index spares every finish a lookup when no job
+        // has upstreams.
+        let any = !self.ended.is_empty()
+            && !self
+                .o
+                .range(&[keys::DOWNSTREAM], &[keys::DOWNSTREAM + 1], 1)
+                .is_empty();
+        if !any {
+            return;
+        }
         let mut next = 0;
         while next < self.ended.len() {
             let (run, outcome) = self.ended[next].clone();

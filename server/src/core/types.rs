@@ -466,6 +466,12 @@ impl Job {
         out
     }
 
+    /// Whether a stored record has the extension tail (bytes after the
+    /// format-8 record).
+    pub fn record_has_tail(b: &[u8]) -> bool {
+        decode_prefix::<Job>(b).is_ok_and(|(_, used)| used < b.len())
+    }
+
     /// Reads `to_record`'s bytes (or a format-8 record): the tail, when
     /// present, must decode exactly to its end.
     pub fn from_record(b: &[u8]) -> Result<Job, DecodeError> {

@@ -68,6 +68,7 @@ impl StateView for StateRead<'_> {
     }
 }
 
+#[derive(Clone)]
 pub struct Options {
     /// Capacity of the effect channel; a lagging leader task resyncs from state.
     pub effect_capacity: usize,
@@ -1020,17 +1021,29 @@ mod tests {
     }
 
     fn open(dir: &Path) -> StateMachine {
-        super::super::open(dir, 8 << 20, Default::default())
-            .unwrap()
-            .1
+        open_flushing_every(dir, Options::default().flush_ms)
     }
 
+    /// Opens `dir`; reopened right after its last handle was dropped, sled's
+    /// background flusher may hold the directory's lock a moment longer (a
+    /// process that exits releases it at once), so a refused open is tried
+    /// again for a while.
     fn open_flushing_every(dir: &Path, flush_ms: u64) -> StateMachine {
         let opts = Options {
             flush_ms,
             ..Default::default()
         };
-        super::super::open(dir, 8 << 20, opts).unwrap().1
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            match super::super::open(dir, 8 << 20, opts.clone()) {
+                Ok((_, sm)) => return sm,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    eprintln!("reopening {}: {e}; trying again", dir.display());
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("open {}: {e}", dir.display()),
+            }
+        }
     }
 
     /// A state machine that flushes only when asked (or past its bounds):

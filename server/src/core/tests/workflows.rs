@@ -357,9 +357,21 @@ fn a_paused_downstream_does_not_follow_and_workflows_need_log_format_3() {
     done(&mut sim, T0 + 1010, &rid("a", T0 + 1000), true);
     assert!(sim.runs_of("b").is_empty());
     assert_eq!(sim.job("b").cycle, Cycle::default());
+    let restore = |pairs: Vec<(Vec<u8>, Vec<u8>)>| Command::RestorePairs {
+        pairs,
+        first: true,
+        last: true,
+        now_ms: T0,
+    };
+    let plain = sim.view.get(&keys::job("a")).unwrap();
+    let tailed = sim.view.get(&keys::job("b")).unwrap();
+    assert!(!Job::record_has_tail(&plain) && Job::record_has_tail(&tailed));
+    assert_eq!(restore(vec![(keys::job("a"), plain)]).min_format(), 1);
     for cmd in [
         Command::create_job(after("c", &["a"]), T0),
         Command::create_job(spec("c", ScheduleInput::Upstream), T0),
+        restore(vec![(keys::job("b"), tailed)]),
+        restore(vec![(keys::downstream("a", "b"), Vec::new())]),
     ] {
         assert_eq!(cmd.min_format(), 3, "{cmd:?}");
         assert!(VersionedCommand::at(&cmd, 2).is_err());
