@@ -315,7 +315,13 @@ impl pb::jobs_server::Jobs for Api {
         let fire_at_ms = schedule
             .preview(now, count)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        Ok(Response::new(pb::NextFiresResponse { fire_at_ms }))
+        let dst_notes = (fire_at_ms.iter())
+            .map(|t| schedule.dst_note(*t).unwrap_or_default())
+            .collect();
+        Ok(Response::new(pb::NextFiresResponse {
+            fire_at_ms,
+            dst_notes,
+        }))
     }
 }
 

@@ -411,12 +411,15 @@ async fn next_fires(c: &Client, out: Output, req: pb::NextFiresRequest) -> anyho
             async move { j.next_fires(r).await }
         })
         .await?;
-    let text = r
-        .fire_at_ms
-        .iter()
-        .map(|t| time_text(*t))
+    let note = |i: usize| r.dst_notes.get(i).filter(|n| !n.is_empty());
+    let text = (r.fire_at_ms.iter().enumerate())
+        .map(|(i, t)| match note(i) {
+            Some(n) => format!("{}  {n}", time_text(*t)),
+            None => time_text(*t),
+        })
         .collect::<Vec<_>>()
         .join("\n");
+    // JSON stays the list of times it always was; the notes are the API's `dst_notes`.
     print_value(out, json!(r.fire_at_ms), &text);
     Ok(())
 }
