@@ -36,6 +36,9 @@ pub struct Task {
     pub shard_count: u32,
     /// This worker's clock when the assignment arrived.
     pub received_at_ms: i64,
+    /// A workflow run: the results of the upstream runs it follows, as a
+    /// JSON object keyed by upstream job id (empty for other runs).
+    pub upstream_results: Vec<u8>,
 }
 
 #[derive(Clone, Debug)]
@@ -318,6 +321,7 @@ async fn on_server_message<H, Fut>(
                 received_at_ms: now_ms(),
                 shard: a.shard,
                 shard_count: a.shard_count.max(1),
+                upstream_results: a.upstream_results,
             };
             let h = tokio::spawn(execute(handler.clone(), task, shared.clone(), tx.clone()));
             s.running.insert(a.run_id, (a.attempt, h));

@@ -532,10 +532,18 @@ async fn the_api_needs_a_token_of_the_role_the_grpc_call_needs() {
         .await;
         assert_eq!(a.status, 401, "{path} with an unknown token: {}", a.body);
     }
-    assert_eq!(
-        call("GET", "/api/jobs", Some(bearer(&reader))).await.status,
-        200
-    );
+    // A follower just started may not know the leader's address yet (503,
+    // "retry shortly"), as a gRPC client would be told; wait that out.
+    let a = wait_for(
+        "the follower to forward",
+        Duration::from_secs(30),
+        || async {
+            let a = call("GET", "/api/jobs", Some(bearer(&reader))).await;
+            (a.status != 503).then_some(a)
+        },
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
 
     // A reader cannot act; an operator can (and the change is real).
     let a = call("POST", "/api/jobs/nightly/pause", Some(bearer(&reader))).await;

@@ -270,3 +270,46 @@ async fn job_list_filters_by_labels_state_group_and_prefix_across_pages() {
         "job_labels (key)",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_marks_the_occurrences_a_dst_change_moves() {
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader().await;
+    // 400 days of a 02:30 New York job hold a spring-forward day (one or
+    // two, by the date), where 02:30 does not exist and it fires at 03:00.
+    let (ok, out) = cluster.kairosctl(&[
+        "schedule",
+        "preview",
+        "30 2 * * *",
+        "--tz",
+        "America/New_York",
+        "--count",
+        "400",
+    ]);
+    assert!(ok, "{out}");
+    let marked: Vec<&str> = out.lines().filter(|l| l.contains("DST:")).collect();
+    assert!((1..=2).contains(&marked.len()), "{out}");
+    for m in &marked {
+        assert!(
+            m.contains("does not exist on") && m.contains("fires at 03:00:00"),
+            "{m}"
+        );
+    }
+    // 01:30 repeats on the fall-back day and fires once.
+    let (ok, out) = cluster.kairosctl(&[
+        "schedule",
+        "preview",
+        "30 1 * * *",
+        "--tz",
+        "America/New_York",
+        "--count",
+        "400",
+    ]);
+    assert!(ok, "{out}");
+    let marked: Vec<&str> = out.lines().filter(|l| l.contains("DST:")).collect();
+    assert!((1..=2).contains(&marked.len()), "{out}");
+    assert!(
+        marked.iter().all(|m| m.contains("01:30:00 occurs twice")),
+        "{out}"
+    );
+}

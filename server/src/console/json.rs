@@ -165,6 +165,7 @@ pub fn job(j: &pb::Job) -> Json {
         Some(pb::schedule::Kind::EveryMs(ms)) => obj([("every_ms", ms.into())]),
         Some(pb::schedule::Kind::AtMs(ms)) => obj([("at_ms", ms.into())]),
         Some(pb::schedule::Kind::AfterMs(ms)) => obj([("after_ms", ms.into())]),
+        Some(pb::schedule::Kind::UpstreamOnly(_)) => obj([("upstream_only", true.into())]),
         None => Json::Null,
     };
     let misfire = pb::MisfirePolicy::try_from(s.misfire).map_or_else(
@@ -194,6 +195,17 @@ pub fn job(j: &pb::Job) -> Json {
         ("end_at_ms", s.end_at_ms.into()),
         ("max_runs", s.max_runs.into()),
         ("job_labels", strings(s.job_labels)),
+        (
+            "upstream",
+            Json::Arr(s.upstream.into_iter().map(Into::into).collect()),
+        ),
+        ("trigger_rule", s.trigger_rule.into()),
+        ("on_upstream_failure", s.on_upstream_failure.into()),
+        ("workflow_state", (&j.workflow_state).into()),
+        (
+            "downstream",
+            Json::Arr(j.downstream.iter().map(Into::into).collect()),
+        ),
         ("revision", j.revision.into()),
         ("created_at_ms", j.created_at_ms.into()),
         ("updated_at_ms", j.updated_at_ms.into()),

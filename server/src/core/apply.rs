@@ -20,6 +20,7 @@ use super::query;
 use super::types::*;
 use super::validate;
 use super::view::{Overlay, StateView, Write};
+use super::workflow::{self, Decision};
 
 /// Work for the leader that follows from a committed change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,14 +102,18 @@ fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
         now: 0,
         widths: &[],
         actor: "",
+        ended: Vec::new(),
     };
     tx.now = tx.advance_time(command_time(cmd));
     match tx.run(cmd) {
-        Ok(response) => Applied {
-            response,
-            writes: tx.o.into_writes(),
-            effects: tx.effects,
-        },
+        Ok(response) => {
+            tx.follow_upstreams();
+            Applied {
+                response,
+                writes: tx.o.into_writes(),
+                effects: tx.effects,
+            }
+        }
         Err(e) => Applied {
             response: Response::Error(e),
             writes: Vec::new(),
@@ -199,6 +204,9 @@ struct Tx<'a, V: StateView + ?Sized> {
     widths: &'a [(String, u32)],
     /// Who made the client write being applied ("" when unknown).
     actor: &'a str,
+    /// Runs that reached a terminal state in this command, for the
+    /// workflows that follow their jobs (`follow_upstreams`).
+    ended: Vec<(RunId, RunState)>,
 }
 
 fn get<T: DeserializeOwned, V: StateView + ?Sized>(v: &V, key: &[u8]) -> Option<T> {
@@ -359,6 +367,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 keys::JOB_HISTORY => decode::<JobRevision>(v).is_ok(),
                 keys::DELETED_JOB => keys::deleted_job_from(k).is_some(),
                 keys::RETENTION_DUE => keys::retention_job_from(k).is_some(),
+                keys::DOWNSTREAM => keys::downstream_from(k).is_some(),
+                keys::RUN_INPUTS => decode::<Vec<(String, RunId)>>(v).is_ok(),
                 _ => keys::wheel_from(k).is_some(),
             };
             if !ok {
@@ -633,7 +643,10 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             fired_count: 0,
             finished_at_ms: None,
             pause: None,
+            workflow: None,
+            cycle: Cycle::default(),
         };
+        self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now)?;
         self.schedule_next(&mut job, first);
         self.put_job(&job);
@@ -657,6 +670,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if bounds_changed {
             validate::bounds_ahead(&spec.bounds, self.now)?;
         }
+        if spec.policy.fanout != Fanout::One && self.has_downstreams(&job.id) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {:?} is an upstream of a workflow, whose runs follow one run per \
+                 occurrence: it cannot be sharded or broadcast",
+                job.id
+            )));
+        }
+        self.set_workflow(&mut job, spec.workflow.clone())?;
         let reschedule = !spec.schedule.matches(&job.schedule) || bounds_changed;
         let limits_changed = (job.policy.keep_runs, job.policy.keep_for_ms)
             != (spec.policy.keep_runs, spec.policy.keep_for_ms);
@@ -686,6 +707,22 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     fn delete_job(&mut self, id: &str) -> Result<bool, CommandError> {
         let mut job = self.job(id)?;
+        let prefix = keys::downstream_of(id);
+        let below = self.o.range(&prefix, &keys::prefix_end(&prefix), 4);
+        if !below.is_empty() {
+            let names: Vec<String> = below
+                .iter()
+                .filter_map(|(k, _)| keys::downstream_from(k))
+                .map(|d| format!("{d:?}"))
+                .collect();
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} is an upstream of {}{}: take it out of their upstream lists \
+                 (or delete them) first",
+                names.join(", "),
+                if below.len() > 3 { " and more" } else { "" }
+            )));
+        }
+        self.unlink_upstreams(&job);
         self.set_next(&mut job, None);
         self.cancel_active_runs(&mut job, "job deleted");
         self.set_retention_due(&mut job, None);
@@ -901,7 +938,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 } else {
                     String::new()
                 };
-                self.start_run(job, scheduled, note);
+                self.start_occurrence(job, scheduled, note);
                 Self::count_fire(job);
                 next_after(&job.schedule, scheduled)?
             }
@@ -931,7 +968,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                     walk.count_text(),
                     self.now.saturating_sub(walk.last)
                 );
-                self.start_run(job, walk.last, note);
+                self.start_occurrence(job, walk.last, note);
                 Self::count_fire(job);
                 walk.next
             }
@@ -1123,6 +1160,225 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.put_job(&job);
     }
 
+    // ------------------------------------------------------------ workflows
+
+    /// Sets the job's upstream declaration (`None`: none), checking what the
+    /// state decides (each upstream exists, runs once per occurrence, has
+    /// room for another downstream, and no cycle closes) and keeping the
+    /// downstream index. A changed upstream set starts a fresh cycle.
+    fn set_workflow(&mut self, job: &mut Job, wf: Option<Workflow>) -> Result<(), CommandError> {
+        let old: Vec<String> = job
+            .workflow
+            .iter()
+            .flat_map(|w| w.upstream.clone())
+            .collect();
+        let new: Vec<String> = wf.iter().flat_map(|w| w.upstream.clone()).collect();
+        for u in new.iter().filter(|u| !old.contains(u)) {
+            let up = self
+                .job(u)
+                .map_err(|_| CommandError::Invalid(format!("upstream: job {u:?} not found")))?;
+            if up.policy.fanout != Fanout::One {
+                return Err(CommandError::Invalid(format!(
+                    "upstream: job {u:?} is sharded or broadcast; a workflow follows one run per occurrence"
+                )));
+            }
+            let prefix = keys::downstream_of(u);
+            let max = limits::DOWNSTREAMS_MAX;
+            if self.o.range(&prefix, &keys::prefix_end(&prefix), max).len() >= max {
+                return Err(CommandError::Invalid(format!(
+                    "upstream: job {u:?} already has {max} downstream jobs, the most allowed"
+                )));
+            }
+        }
+        if !new.is_empty() {
+            let walk = workflow::cycle_path(&job.id, &new, limits::WORKFLOW_WALK_MAX, |j| {
+                self.job(j)
+                    .ok()
+                    .and_then(|x| x.workflow)
+                    .map(|w| w.upstream)
+                    .unwrap_or_default()
+            });
+            match walk {
+                Ok(None) => {}
+                Ok(Some(path)) => {
+                    return Err(CommandError::Invalid(format!(
+                        "upstream: would close a cycle {}",
+                        path.join(" -> ")
+                    )))
+                }
+                Err(max) => {
+                    return Err(CommandError::Invalid(format!(
+                        "upstream: the upstream graph above this job has more than {max} jobs; \
+                         the cycle check stops there"
+                    )))
+                }
+            }
+        }
+        for u in old.iter().filter(|u| !new.contains(u)) {
+            self.o.delete(keys::downstream(u, &job.id));
+        }
+        for u in new.iter().filter(|u| !old.contains(u)) {
+            self.o.put(keys::downstream(u, &job.id), Vec::new());
+        }
+        if old != new {
+            job.cycle = Cycle {
+                last_run_ms: job.cycle.last_run_ms,
+                ..Cycle::default()
+            };
+        }
+        job.workflow = wf;
+        Ok(())
+    }
+
+    fn has_downstreams(&self, id: &str) -> bool {
+        let prefix = keys::downstream_of(id);
+        !self
+            .o
+            .range(&prefix, &keys::prefix_end(&prefix), 1)
+            .is_empty()
+    }
+
+    fn unlink_upstreams(&mut self, job: &Job) {
+        for u in job.workflow.iter().flat_map(|w| &w.upstream) {
+            self.o.delete(keys::downstream(u, &job.id));
+        }
+    }
+
+    /// Hands each run that ended in this command to the workflows that
+    /// follow its job; runs those start may end at once (skipped), and are
+    /// followed in turn. The graph has no cycle, so this ends.
+    fn follow_upstreams(&mut self) {
+        // One look at the index spares every finish a lookup when no job
+        // has upstreams.
+        let any = !self.ended.is_empty()
+            && !self
+                .o
+                .range(&[keys::DOWNSTREAM], &[keys::DOWNSTREAM + 1], 1)
+                .is_empty();
+        if !any {
+            return;
+        }
+        let mut next = 0;
+        while next < self.ended.len() {
+            let (run, outcome) = self.ended[next].clone();
+            next += 1;
+            let prefix = keys::downstream_of(&run.job);
+            let rows = self
+                .o
+                .range(&prefix, &keys::prefix_end(&prefix), limits::DOWNSTREAMS_MAX);
+            for (k, _) in rows {
+                if let Some(d) = keys::downstream_from(&k) {
+                    let d = d.to_string();
+                    self.upstream_ended(&d, &run, outcome);
+                }
+            }
+        }
+    }
+
+    /// Records that an upstream run of job `id` ended and decides its cycle.
+    /// A paused or finished job does not follow its upstreams meanwhile.
+    fn upstream_ended(&mut self, id: &str, run: &RunId, outcome: RunState) {
+        let Ok(mut job) = self.job(id) else { return };
+        let Some(wf) = job.workflow.clone() else {
+            return;
+        };
+        if job.paused || job.finished_at_ms.is_some() {
+            return;
+        }
+        job.cycle.blocked = None;
+        let seen = Seen {
+            run: run.clone(),
+            outcome,
+        };
+        job.cycle.seen.insert(run.job.clone(), seen);
+        match workflow::decide(&wf, &job.cycle.seen) {
+            Decision::Wait => {}
+            Decision::Drop(why) => {
+                job.cycle.seen.clear();
+                job.cycle.blocked = Some(why);
+            }
+            Decision::Run(consumed) => {
+                job.cycle.seen.clear();
+                if job.schedule == Schedule::Upstream {
+                    self.run_upstream_only(&mut job, consumed);
+                } else if let Some(at) = job.cycle.held_at_ms.take() {
+                    self.start_workflow_run(&mut job, at, consumed, String::new());
+                } else {
+                    job.cycle.ready = Some(consumed);
+                }
+            }
+        }
+        self.put_job(&job);
+    }
+
+    /// A cycle of a job without a schedule of its own runs now, within its
+    /// bounds (a cycle before its start is dropped; its end or its
+    /// `max_runs` finishes it).
+    fn run_upstream_only(&mut self, job: &mut Job, consumed: Vec<(String, RunId)>) {
+        let b = &job.bounds;
+        if b.start_at_ms.is_some_and(|s| self.now < s) {
+            job.cycle.blocked = Some(format!(
+                "a cycle completed before the job's start at {}",
+                b.start_at_ms.unwrap_or_default()
+            ));
+            return;
+        }
+        if b.end_at_ms.is_some_and(|e| self.now > e) {
+            job.finished_at_ms = Some(self.now);
+            return;
+        }
+        let mut at = self.now.max(job.cycle.last_run_ms.saturating_add(1));
+        while self.run_rec(&RunId::new(&job.id, at)).is_some() {
+            at = at.saturating_add(1);
+        }
+        self.start_workflow_run(job, at, consumed, String::new());
+        Self::count_fire(job);
+        if job.bounds.max_runs.is_some_and(|m| job.fired_count >= m) {
+            job.finished_at_ms = Some(self.now);
+        }
+    }
+
+    /// An occurrence of the job's own schedule: a job of a workflow runs it
+    /// only with a completed cycle, else the occurrence waits for one (the
+    /// newest waits; an older waiting one is recorded as skipped).
+    fn start_occurrence(&mut self, job: &mut Job, scheduled: i64, note: String) {
+        if job.workflow.is_none() {
+            return self.start_run(job, scheduled, note);
+        }
+        if let Some(consumed) = job.cycle.ready.take() {
+            return self.start_workflow_run(job, scheduled, consumed, note);
+        }
+        if let Some(older) = job.cycle.held_at_ms.replace(scheduled) {
+            let why = "workflow: no upstream cycle completed before the next occurrence";
+            self.record_skipped(job, older, why.into());
+        }
+    }
+
+    /// Starts the job's run at `at` for a completed cycle, recording the
+    /// upstream runs it consumed (for `runs get` and the results its workers get).
+    fn start_workflow_run(
+        &mut self,
+        job: &mut Job,
+        at: i64,
+        consumed: Vec<(String, RunId)>,
+        note: String,
+    ) {
+        let after: Vec<String> = consumed.iter().map(|(_, r)| r.to_string()).collect();
+        let mut text = format!("workflow: after {}", after.join(", "));
+        if !note.is_empty() {
+            text = format!("{note}; {text}");
+        }
+        job.cycle = Cycle {
+            last_run_ms: at,
+            ..Cycle::default()
+        };
+        self.start_run(job, at, text);
+        let id = RunId::new(&job.id, at);
+        if self.run_rec(&id).is_some() {
+            self.put(keys::run_inputs(&id), &consumed);
+        }
+    }
+
     // ------------------------------------------------------------ retention
 
     /// Deletes the job's oldest run records while they may go (finished,
@@ -1142,6 +1398,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 oldest_kept = Some(run);
                 break;
             }
+            self.o.delete(keys::run_inputs(&run.id));
             self.o.delete(key);
             job.history_len = job.history_len.saturating_sub(1);
             removed += 1;
@@ -1240,6 +1497,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let rows = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
         let removed = rows.len();
         for (k, _) in rows {
+            if let Some(id) = keys::run_id_from(&k) {
+                self.o.delete(keys::run_inputs(&id));
+            }
             self.o.delete(k);
         }
         if removed < limit {
@@ -1412,6 +1672,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 
     fn finished(&mut self, run: &Run) {
+        self.ended.push((run.id.clone(), run.state));
         self.effects.push(Effect::Finished(Finished {
             run: run.id.clone(),
             attempt: run.attempt,

@@ -11,7 +11,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::codec::{check_format, decode, encode, FormatError};
-use super::types::{Job, JobSpec, PauseNote, Run, RunId, SpecExt, Token, WheelKey};
+use super::keys;
+use super::types::{Job, JobSpec, PauseNote, Run, RunId, ScheduleInput, SpecExt, Token, WheelKey};
 
 /// The newest log format this binary reads and can write. A leader writes
 /// entries at the cluster's *active* format (replicated, `query::log_format`),
@@ -250,11 +251,33 @@ pub enum Command {
     },
 }
 
+/// A restored key-value pair only format-3 readers take: a workflow index
+/// or input key, or a job record with an extension tail.
+fn restored_needs_format_3(k: &[u8], v: &[u8]) -> bool {
+    match k.first() {
+        Some(&keys::DOWNSTREAM | &keys::RUN_INPUTS) => true,
+        Some(&keys::JOB) => Job::record_has_tail(v),
+        _ => false,
+    }
+}
+
 impl Command {
     /// The oldest log format that has this command (and everything inside it).
     pub fn min_format(&self) -> u32 {
         match self {
             Command::ActivateLogFormat { format } => (*format).max(2),
+            Command::CreateJob { spec, .. } | Command::UpdateJob { spec, .. }
+                if spec.schedule == ScheduleInput::Upstream =>
+            {
+                3
+            }
+            // Pairs of a backup taken after format 3: what older members
+            // would refuse or misread.
+            Command::RestorePairs { pairs, .. }
+                if pairs.iter().any(|(k, v)| restored_needs_format_3(k, v)) =>
+            {
+                3
+            }
             Command::SpecExtended { .. }
             | Command::PauseJobNoted { .. }
             | Command::PauseFiring { .. }

@@ -22,11 +22,17 @@ pub const DEDUP_ORDER: u8 = b'e';
 pub const DELETED_JOB: u8 = b'g';
 /// When housekeeping should look at a job's oldest runs: `x` time job.
 pub const RETENTION_DUE: u8 = b'x';
+/// Workflow edges: `u` upstream `/` downstream, for each declared upstream
+/// (log format 3).
+pub const DOWNSTREAM: u8 = b'u';
+/// The upstream runs a workflow run consumed, by the run's shard-0 id
+/// (log format 3).
+pub const RUN_INPUTS: u8 = b'i';
 /// Present while a restore from a backup is being applied.
 pub const META_RESTORE: &[u8] = b"mrestore_in_progress";
 /// Key spaces a backup restores: the scheduling state and its housekeeping
 /// indexes. Meta, tokens and the dedup table belong to the new cluster.
-pub const RESTORED_SPACES: [u8; 7] = [
+pub const RESTORED_SPACES: [u8; 9] = [
     JOB,
     RUN,
     WHEEL,
@@ -34,6 +40,8 @@ pub const RESTORED_SPACES: [u8; 7] = [
     JOB_HISTORY,
     DELETED_JOB,
     RETENTION_DUE,
+    DOWNSTREAM,
+    RUN_INPUTS,
 ];
 /// Number of entries in the dedup table.
 pub const META_DEDUP_COUNT: &[u8] = b"mdedup_count";
@@ -142,6 +150,32 @@ pub fn dedup(request_id: &str) -> Vec<u8> {
 /// Expiry order: time the entry was written, then the request id.
 pub fn dedup_order(at_ms: i64, request_id: &str) -> Vec<u8> {
     timed(DEDUP_ORDER, at_ms, request_id)
+}
+
+/// Prefix of the edges from `upstream` to its downstream jobs (job ids have no `/`).
+pub fn downstream_of(upstream: &str) -> Vec<u8> {
+    let mut k = vec![DOWNSTREAM];
+    k.extend_from_slice(upstream.as_bytes());
+    k.push(b'/');
+    k
+}
+
+pub fn downstream(upstream: &str, job: &str) -> Vec<u8> {
+    let mut k = downstream_of(upstream);
+    k.extend_from_slice(job.as_bytes());
+    k
+}
+
+/// The downstream job of a `downstream` key.
+pub fn downstream_from(key: &[u8]) -> Option<&str> {
+    let rest = key.strip_prefix(&[DOWNSTREAM])?;
+    let slash = rest.iter().position(|b| *b == b'/')?;
+    std::str::from_utf8(&rest[slash + 1..]).ok()
+}
+
+/// The upstream runs consumed by the occurrence of `job` at `scheduled_at_ms`.
+pub fn run_inputs(run: &RunId) -> Vec<u8> {
+    run_like(RUN_INPUTS, &RunId::new(&run.job, run.scheduled_at_ms))
 }
 
 pub fn deleted_job(id: &str) -> Vec<u8> {

@@ -19,6 +19,7 @@ mod tests;
 pub mod types;
 pub mod validate;
 pub mod view;
+pub mod workflow;
 
 pub use apply::{apply, Applied, Effect, Finished, JobChange};
 pub use command::{Command, CommandError, FinishReport, Response, VersionedCommand};

@@ -368,6 +368,7 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
                     },
                     bounds: Bounds::default(),
                     labels: Labels::new(),
+                    workflow: None,
                 }
             },
         )
@@ -388,6 +389,7 @@ fn wild_job_spec() -> impl Strategy<Value = JobSpec> {
             policy,
             bounds: Bounds::default(),
             labels: Labels::new(),
+            workflow: None,
         },
     )
 }

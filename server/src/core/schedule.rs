@@ -117,6 +117,8 @@ pub enum Schedule {
     /// Cron expression in Quartz's dialect (see the module doc), in an IANA
     /// time zone ("" means UTC).
     Quartz { expr: String, tz: String },
+    /// No occurrences: the job runs when its upstreams complete a cycle.
+    Upstream,
 }
 
 /// Why a schedule, a preview request or a duration was rejected. Each message
@@ -220,6 +222,40 @@ impl Schedule {
         matches!(self, Schedule::Once { .. })
     }
 
+    /// For a time-of-day cron job, how a daylight-saving change moves the
+    /// occurrence at `at_ms` (one `next_after` returned): the local time it
+    /// matches does not exist that day and it fires at the end of the gap
+    /// (several such times merge into that one firing), or the local time
+    /// occurs twice and it fires once, at the first. `None` otherwise.
+    pub fn dst_note(&self, at_ms: i64) -> Option<String> {
+        let Ok(Compiled::Cron(parsed)) = self.compile() else {
+            return None;
+        };
+        if !parsed.wall_clock {
+            return None;
+        }
+        let local = parsed.tz.timestamp_millis_opt(at_ms).single()?;
+        let wall = local.naive_local();
+        if !parsed.cron.is_time_matching(&wall).unwrap_or(true) {
+            return Some(format!(
+                "DST: the matching local time does not exist on {} ({} skips ahead); \
+                 fires at {} instead, once for all times in the gap",
+                wall.date(),
+                parsed.tz,
+                wall.format("%H:%M:%S")
+            ));
+        }
+        match parsed.tz.from_local_datetime(&wall) {
+            LocalResult::Ambiguous(..) => Some(format!(
+                "DST: {} occurs twice on {} ({} repeats it); fires once, at the first",
+                wall.format("%H:%M:%S"),
+                wall.date(),
+                parsed.tz
+            )),
+            _ => None,
+        }
+    }
+
     /// Checks every rule and prepares the schedule for occurrence searches.
     fn compile(&self) -> Result<Compiled, ScheduleError> {
         match self {
@@ -250,6 +286,7 @@ impl Schedule {
                 Err(ScheduleError::OnceNotPositive { at_ms: *at_ms })
             }
             Schedule::Once { at_ms } => Ok(Compiled::Once { at_ms: *at_ms }),
+            Schedule::Upstream => Ok(Compiled::Never),
         }
     }
 }
@@ -260,6 +297,7 @@ enum Compiled {
     Cron(Rc<ParsedCron>),
     Every { every_ms: u64, anchor_ms: i64 },
     Once { at_ms: i64 },
+    Never,
 }
 
 impl Compiled {
@@ -271,6 +309,7 @@ impl Compiled {
                 anchor_ms,
             } => every_next(*every_ms, *anchor_ms, after_ms),
             Compiled::Once { at_ms } => (*at_ms > after_ms).then_some(*at_ms),
+            Compiled::Never => None,
         };
         // The scheduler relies on strict progress; a violation must surface
         // as an error rather than as a job firing twice or a stuck preview.
@@ -671,6 +710,58 @@ mod tests {
     use super::*;
     use chrono::{NaiveDate, Utc};
     use std::collections::BTreeSet;
+
+    #[test]
+    fn dst_notes_mark_occurrences_a_gap_shifts_and_a_repeat_fires_once() {
+        let ny = |expr: &str| Schedule::Cron {
+            expr: expr.into(),
+            tz: "America/New_York".into(),
+        };
+        let utc = |y, m, d, h, min| {
+            Utc.with_ymd_and_hms(y, m, d, h, min, 0)
+                .unwrap()
+                .timestamp_millis()
+        };
+        // 2026-03-08: 02:00 EST jumps to 03:00 EDT. 02:30 fires at 03:00 EDT = 07:00 UTC.
+        let daily = ny("30 2 * * *");
+        let gap = daily.next_after(utc(2026, 3, 7, 12, 0)).unwrap().unwrap();
+        assert_eq!(gap, utc(2026, 3, 8, 7, 0));
+        let note = daily.dst_note(gap).expect("the gap is marked");
+        assert!(
+            note.contains("does not exist on 2026-03-08") && note.contains("03:00:00"),
+            "{note}"
+        );
+        let next_day = daily.next_after(gap).unwrap().unwrap();
+        assert_eq!(
+            daily.dst_note(next_day),
+            None,
+            "an ordinary day is not marked"
+        );
+        // 2026-11-01: 02:00 EDT falls back to 01:00 EST; 01:30 happens twice, fires once.
+        let repeat = ny("30 1 * * *");
+        let once = repeat
+            .next_after(utc(2026, 10, 31, 12, 0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(once, utc(2026, 11, 1, 5, 30), "the first pass, EDT");
+        let note = repeat.dst_note(once).expect("the repeat is marked");
+        assert!(
+            note.contains("01:30:00 occurs twice on 2026-11-01"),
+            "{note}"
+        );
+        // Interval jobs fire by real time: nothing to mark.
+        let every = ny("*/30 * * * *");
+        let t = every.next_after(utc(2026, 3, 8, 6, 50)).unwrap().unwrap();
+        assert_eq!(every.dst_note(t), None);
+        assert_eq!(
+            Schedule::Every {
+                every_ms: 1000,
+                anchor_ms: 0
+            }
+            .dst_note(1000),
+            None
+        );
+    }
 
     #[test]
     fn the_parse_cache_changes_no_result_and_keeps_no_error() {

@@ -22,6 +22,7 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         policy: Policy::default(),
         bounds: Bounds::default(),
         labels: Labels::new(),
+        workflow: None,
     }
 }
 
@@ -785,7 +786,7 @@ fn same_commands_on_two_replicas_give_byte_identical_state() {
         assert!(next.is_some(), "{id}");
     }
     assert_eq!(one.try_job("b"), None);
-    assert_eq!(one.occurrences("b"), vec![]);
+    assert_eq!(one.occurrences("b"), Vec::<i64>::new());
     assert_eq!(one.job("c").next_fire_at_ms, None);
 }
 
@@ -1397,7 +1398,7 @@ fn a_misfire_walk_at_the_end_of_time_coalesces_without_overflow() {
         None,
         "no occurrence fits after the end of time"
     );
-    assert_eq!(sim.occurrences("a"), vec![]);
+    assert_eq!(sim.occurrences("a"), Vec::<i64>::new());
 }
 
 // ------------------------------------------------------------------ bounded work per command
@@ -2204,3 +2205,4 @@ fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
 }
 
 mod schedules;
+mod workflows;

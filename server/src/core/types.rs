@@ -7,6 +7,7 @@ use bincode::error::DecodeError;
 use serde::{Deserialize, Serialize};
 
 use super::codec::{decode_prefix, encode};
+pub use super::workflow::{Cycle, OnUpstreamFailure, Seen, TriggerRule, Workflow};
 
 pub use super::schedule::Schedule;
 
@@ -98,6 +99,15 @@ pub mod limits {
     /// Jobs one filtered `ListJobs` page looks at: a page that reaches it
     /// returns what matched so far and a token to continue from.
     pub const LIST_SCAN_MAX: usize = 10_000;
+    /// Upstream jobs one job may declare.
+    pub const UPSTREAMS_MAX: usize = 32;
+    /// Jobs that may declare one job as their upstream.
+    pub const DOWNSTREAMS_MAX: usize = 1024;
+    /// Jobs a cycle check looks at before it refuses the change.
+    pub const WORKFLOW_WALK_MAX: usize = 10_000;
+    /// Bytes of the merged upstream results handed to a workflow run; an
+    /// upstream whose result would pass it is named instead.
+    pub const UPSTREAM_RESULTS_MAX_BYTES: usize = 4 << 20;
 }
 
 /// How the dispatcher picks a worker of the job's group for each attempt.
@@ -193,6 +203,9 @@ pub enum ScheduleInput {
         expr: String,
         tz: String,
     },
+    /// No schedule of its own: the job runs when its upstreams complete a
+    /// cycle (log format 3).
+    Upstream,
 }
 
 impl ScheduleInput {
@@ -211,6 +224,7 @@ impl ScheduleInput {
                 tz: tz.clone(),
             },
             ScheduleInput::At { at_ms } => Schedule::Once { at_ms: *at_ms },
+            ScheduleInput::Upstream => Schedule::Upstream,
             ScheduleInput::After { after_ms } => Schedule::Once {
                 at_ms: now_ms.saturating_add(i64::try_from(*after_ms).unwrap_or(i64::MAX)),
             },
@@ -230,6 +244,7 @@ impl ScheduleInput {
                 every_ms == e
             }
             (ScheduleInput::At { at_ms }, Schedule::Once { at_ms: a }) => at_ms == a,
+            (ScheduleInput::Upstream, Schedule::Upstream) => true,
             // A relative one-shot keeps its resolved instant; give `at` to move it.
             (ScheduleInput::After { .. }, Schedule::Once { .. }) => true,
             _ => false,
@@ -302,6 +317,8 @@ pub struct JobSpec {
     pub bounds: Bounds,
     #[serde(skip)]
     pub labels: Labels,
+    #[serde(skip)]
+    pub workflow: Option<Workflow>,
 }
 
 /// What a job spec has beyond log format 2's.
@@ -309,6 +326,7 @@ pub struct JobSpec {
 pub struct SpecExt {
     pub bounds: Bounds,
     pub labels: Labels,
+    pub workflow: Option<Workflow>,
 }
 
 impl JobSpec {
@@ -317,6 +335,7 @@ impl JobSpec {
         SpecExt {
             bounds: std::mem::take(&mut self.bounds),
             labels: std::mem::take(&mut self.labels),
+            workflow: self.workflow.take(),
         }
     }
 
@@ -325,6 +344,7 @@ impl JobSpec {
         JobSpec {
             bounds: ext.bounds.clone(),
             labels: ext.labels.clone(),
+            workflow: ext.workflow.clone(),
             ..self.clone()
         }
     }
@@ -406,6 +426,12 @@ pub struct Job {
     /// Set while paused with a note: the note, who and when.
     #[serde(skip)]
     pub pause: Option<PauseNote>,
+    /// Its upstream jobs, for a job of a workflow.
+    #[serde(skip)]
+    pub workflow: Option<Workflow>,
+    /// Its open cycle (a job with a workflow).
+    #[serde(skip)]
+    pub cycle: Cycle,
 }
 
 /// A job record's tail: the fields state format 8's record lacks.
@@ -416,6 +442,8 @@ struct JobExt {
     fired_count: u64,
     finished_at_ms: Option<i64>,
     pause: Option<PauseNote>,
+    workflow: Option<Workflow>,
+    cycle: Cycle,
 }
 
 impl Job {
@@ -429,11 +457,19 @@ impl Job {
             fired_count: self.fired_count,
             finished_at_ms: self.finished_at_ms,
             pause: self.pause.clone(),
+            workflow: self.workflow.clone(),
+            cycle: self.cycle.clone(),
         };
         if ext != JobExt::default() {
             out.extend(encode(&ext));
         }
         out
+    }
+
+    /// Whether a stored record has the extension tail (bytes after the
+    /// format-8 record).
+    pub fn record_has_tail(b: &[u8]) -> bool {
+        decode_prefix::<Job>(b).is_ok_and(|(_, used)| used < b.len())
     }
 
     /// Reads `to_record`'s bytes (or a format-8 record): the tail, when
@@ -450,6 +486,8 @@ impl Job {
             job.fired_count = ext.fired_count;
             job.finished_at_ms = ext.finished_at_ms;
             job.pause = ext.pause;
+            job.workflow = ext.workflow;
+            job.cycle = ext.cycle;
         }
         Ok(job)
     }
@@ -458,7 +496,8 @@ impl Job {
     /// finished: its bounds ended it, or its schedule has no occurrence
     /// left (a one-shot that fired).
     pub fn state(&self) -> JobState {
-        if self.finished_at_ms.is_some() || (!self.paused && self.next_fire_at_ms.is_none()) {
+        let spent = self.next_fire_at_ms.is_none() && self.schedule != Schedule::Upstream;
+        if self.finished_at_ms.is_some() || (!self.paused && spent) {
             JobState::Finished
         } else if self.paused {
             JobState::Paused

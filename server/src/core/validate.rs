@@ -7,6 +7,7 @@ use super::schedule::Schedule;
 use super::types::{
     limits, Bounds, Fanout, JobSpec, Labels, Overlap, Policy, Role, Route, ScheduleInput, Token,
 };
+use super::workflow::Workflow;
 
 const TEN_YEARS_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
 
@@ -67,7 +68,7 @@ pub fn schedule(s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
                 )));
             }
         }
-        ScheduleInput::Cron { .. } | ScheduleInput::Quartz { .. } => {}
+        ScheduleInput::Cron { .. } | ScheduleInput::Quartz { .. } | ScheduleInput::Upstream => {}
     }
     let resolved: Schedule = s.resolve(now_ms);
     resolved.validate().map_err(|e| invalid(e.to_string()))?;
@@ -110,7 +111,46 @@ pub fn job_spec_with(
     }
     policy(&spec.policy)?;
     bounds(&spec.bounds)?;
-    job_labels(&spec.labels)
+    job_labels(&spec.labels)?;
+    workflow(&spec.id, &spec.schedule, spec.workflow.as_ref())
+}
+
+/// Upstreams: 1 to `UPSTREAMS_MAX` valid job ids, distinct, not the job
+/// itself; a job without a schedule of its own needs them. What the state
+/// decides (they exist, no cycle) is apply's.
+pub fn workflow(
+    id: &str,
+    schedule: &ScheduleInput,
+    wf: Option<&Workflow>,
+) -> Result<(), CommandError> {
+    let Some(wf) = wf else {
+        if *schedule == ScheduleInput::Upstream {
+            return Err(invalid(format!(
+                "upstream: a job without a schedule of its own needs 1 to {} upstream jobs",
+                limits::UPSTREAMS_MAX
+            )));
+        }
+        return Ok(());
+    };
+    let n = wf.upstream.len();
+    if n == 0 || n > limits::UPSTREAMS_MAX {
+        return Err(invalid(format!(
+            "upstream: must list 1 to {} job ids, got {n}",
+            limits::UPSTREAMS_MAX
+        )));
+    }
+    for (i, u) in wf.upstream.iter().enumerate() {
+        job_id(u).map_err(|e| invalid(format!("upstream[{i}]: {e}")))?;
+        if u == id {
+            return Err(invalid(format!(
+                "upstream: a job cannot be its own upstream ({id:?})"
+            )));
+        }
+        if wf.upstream[..i].contains(u) {
+            return Err(invalid(format!("upstream: {u:?} is listed twice")));
+        }
+    }
+    Ok(())
 }
 
 /// `end_at` after `start_at`, `max_runs` from 1 to `MAX_RUNS_MAX`.
@@ -357,6 +397,7 @@ mod tests {
             policy: Policy::default(),
             bounds: Bounds::default(),
             labels: Labels::new(),
+            workflow: None,
         }
     }
 

@@ -192,7 +192,9 @@ impl pb::jobs_server::Jobs for Api {
             .sm
             .get_job(&id)
             .ok_or_else(|| Status::not_found(format!("job {id:?} not found")))?;
-        Ok(Response::new(job_out(&job)))
+        let mut out = job_out(&job);
+        out.downstream = self.node.sm.downstreams(&id);
+        Ok(Response::new(out))
     }
 
     async fn list_jobs(
@@ -313,7 +315,13 @@ impl pb::jobs_server::Jobs for Api {
         let fire_at_ms = schedule
             .preview(now, count)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        Ok(Response::new(pb::NextFiresResponse { fire_at_ms }))
+        let dst_notes = (fire_at_ms.iter())
+            .map(|t| schedule.dst_note(*t).unwrap_or_default())
+            .collect();
+        Ok(Response::new(pb::NextFiresResponse {
+            fire_at_ms,
+            dst_notes,
+        }))
     }
 }
 
@@ -356,7 +364,11 @@ impl pb::runs_server::Runs for Api {
             .sm
             .get_run(&run_id)
             .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
-        Ok(Response::new(run_out(&run)))
+        let mut out = run_out(&run);
+        out.upstream_runs = (self.node.sm.run_inputs(&run_id).iter())
+            .map(|(_, r)| r.to_string())
+            .collect();
+        Ok(Response::new(out))
     }
 
     async fn retry_run(&self, req: Request<pb::RunRef>) -> Result<Response<pb::Run>, Status> {

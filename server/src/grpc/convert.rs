@@ -6,8 +6,8 @@ use tonic::Status;
 use crate::core::query::JobFilter;
 use crate::core::stats::JobStats;
 use crate::core::{
-    limits, validate, Bounds, Fanout, Job, JobSpec, JobState, Labels, Misfire, Overlap, PauseNote,
-    Policy, Route, Run, RunState, ScheduleInput,
+    limits, validate, Bounds, Fanout, Job, JobSpec, JobState, Labels, Misfire, OnUpstreamFailure,
+    Overlap, PauseNote, Policy, Route, Run, RunState, ScheduleInput, TriggerRule, Workflow,
 };
 
 fn invalid(msg: impl Into<String>) -> Status {
@@ -42,6 +42,7 @@ pub fn schedule_in(s: Option<pb::Schedule>) -> Result<ScheduleInput, Status> {
         Some(Kind::EveryMs(ms)) => Ok(ScheduleInput::Every { every_ms: ms }),
         Some(Kind::AtMs(ms)) => Ok(ScheduleInput::At { at_ms: ms }),
         Some(Kind::AfterMs(ms)) => Ok(ScheduleInput::After { after_ms: ms }),
+        Some(Kind::UpstreamOnly(_)) => Ok(ScheduleInput::Upstream),
     }
 }
 
@@ -141,7 +142,52 @@ pub fn spec_in(s: Option<pb::JobSpec>) -> Result<JobSpec, Status> {
             max_runs: s.max_runs,
         },
         labels: s.job_labels.into_iter().collect(),
+        workflow: workflow_in(s.upstream, &s.trigger_rule, &s.on_upstream_failure)?,
     })
+}
+
+fn workflow_in(
+    upstream: Vec<String>,
+    rule: &str,
+    on_failure: &str,
+) -> Result<Option<Workflow>, Status> {
+    if upstream.is_empty() {
+        return match (rule, on_failure) {
+            ("", "") => Ok(None),
+            ("", _) => Err(invalid(
+                "on_upstream_failure: only for a job with upstream jobs",
+            )),
+            _ => Err(invalid("trigger_rule: only for a job with upstream jobs")),
+        };
+    }
+    let names = |all: &[&str]| all.join(", ");
+    let rule = match rule {
+        "" => TriggerRule::default(),
+        r => TriggerRule::parse(r).ok_or_else(|| {
+            let all: Vec<&str> = TriggerRule::ALL.iter().map(|r| r.as_str()).collect();
+            invalid(format!(
+                "trigger_rule: must be one of {}, got {:?}",
+                names(&all),
+                r.chars().take(32).collect::<String>()
+            ))
+        })?,
+    };
+    let on_failure = match on_failure {
+        "" => OnUpstreamFailure::default(),
+        f => OnUpstreamFailure::parse(f).ok_or_else(|| {
+            let all: Vec<&str> = OnUpstreamFailure::ALL.iter().map(|f| f.as_str()).collect();
+            invalid(format!(
+                "on_upstream_failure: must be one of {}, got {:?}",
+                names(&all),
+                f.chars().take(32).collect::<String>()
+            ))
+        })?,
+    };
+    Ok(Some(Workflow {
+        upstream,
+        rule,
+        on_failure,
+    }))
 }
 
 fn schedule_out(s: &crate::core::Schedule) -> pb::Schedule {
@@ -160,6 +206,7 @@ fn schedule_out(s: &crate::core::Schedule) -> pb::Schedule {
         }),
         S::Every { every_ms, .. } => Kind::EveryMs(*every_ms),
         S::Once { at_ms } => Kind::AtMs(*at_ms),
+        S::Upstream => Kind::UpstreamOnly(true),
     };
     pb::Schedule { kind: Some(kind) }
 }
@@ -205,6 +252,17 @@ pub fn job_out(j: &Job) -> pb::Job {
         end_at_ms: j.bounds.end_at_ms,
         max_runs: j.bounds.max_runs,
         job_labels: j.labels.clone().into_iter().collect(),
+        upstream: j.workflow.iter().flat_map(|w| w.upstream.clone()).collect(),
+        trigger_rule: j
+            .workflow
+            .as_ref()
+            .map(|w| w.rule.as_str().into())
+            .unwrap_or_default(),
+        on_upstream_failure: j
+            .workflow
+            .as_ref()
+            .map(|w| w.on_failure.as_str().into())
+            .unwrap_or_default(),
     };
     let pause = j.pause.clone().unwrap_or(PauseNote {
         note: String::new(),
@@ -224,6 +282,12 @@ pub fn job_out(j: &Job) -> pb::Job {
         pause_note: pause.note,
         paused_by: pause.by,
         paused_at_ms: pause.at_ms,
+        workflow_state: j
+            .workflow
+            .as_ref()
+            .map(|w| j.cycle.describe(w))
+            .unwrap_or_default(),
+        downstream: Vec::new(),
     }
 }
 
@@ -333,6 +397,7 @@ pub fn run_out(r: &Run) -> pb::Run {
         received_at_ms: r.received_at_ms,
         shard: r.id.shard,
         shard_count: r.shard_count,
+        upstream_runs: Vec::new(),
     }
 }
 

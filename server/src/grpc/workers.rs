@@ -194,6 +194,7 @@ async fn send_to_worker(node: &Node, out: &Outbound, m: ToWorker) -> bool {
                 fencing_token: format!("{run}#{attempt}"),
                 shard: run.shard,
                 shard_count: r.shard_count,
+                upstream_results: node.sm.upstream_results(&run),
             })
         }
     };

@@ -68,6 +68,7 @@ impl StateView for StateRead<'_> {
     }
 }
 
+#[derive(Clone)]
 pub struct Options {
     /// Capacity of the effect channel; a lagging leader task resyncs from state.
     pub effect_capacity: usize,
@@ -355,6 +356,37 @@ impl StateMachine {
 
     pub fn get_run(&self, id: &RunId) -> Option<Run> {
         self.meta(&keys::run(id))
+    }
+
+    /// The upstream runs a workflow run consumed (empty for other runs).
+    pub fn run_inputs(&self, id: &RunId) -> Vec<(String, RunId)> {
+        self.meta(&keys::run_inputs(id)).unwrap_or_default()
+    }
+
+    /// Jobs that declare `job` as an upstream, at most `DOWNSTREAMS_MAX`.
+    pub fn downstreams(&self, job: &str) -> Vec<String> {
+        let prefix = keys::downstream_of(job);
+        let rows = self.view().range(
+            &prefix,
+            &keys::prefix_end(&prefix),
+            core::limits::DOWNSTREAMS_MAX,
+        );
+        rows.iter()
+            .filter_map(|(k, _)| keys::downstream_from(k).map(str::to_string))
+            .collect()
+    }
+
+    /// The results a workflow run's workers get (`workflow::merge_results`).
+    pub fn upstream_results(&self, id: &RunId) -> Vec<u8> {
+        let inputs = self.run_inputs(id);
+        if inputs.is_empty() {
+            return Vec::new();
+        }
+        let results: Vec<(String, Option<Vec<u8>>)> = inputs
+            .into_iter()
+            .map(|(job, run)| (job, self.get_run(&run).map(|r| r.result)))
+            .collect();
+        core::workflow::merge_results(&results, core::limits::UPSTREAM_RESULTS_MAX_BYTES)
     }
 
     /// Statistics over the job's kept run history (one pass over it).
@@ -974,6 +1006,7 @@ mod tests {
             policy: Policy::default(),
             bounds: Default::default(),
             labels: Default::default(),
+            workflow: None,
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
@@ -988,17 +1021,29 @@ mod tests {
     }
 
     fn open(dir: &Path) -> StateMachine {
-        super::super::open(dir, 8 << 20, Default::default())
-            .unwrap()
-            .1
+        open_flushing_every(dir, Options::default().flush_ms)
     }
 
+    /// Opens `dir`; reopened right after its last handle was dropped, sled's
+    /// background flusher may hold the directory's lock a moment longer (a
+    /// process that exits releases it at once), so a refused open is tried
+    /// again for a while.
     fn open_flushing_every(dir: &Path, flush_ms: u64) -> StateMachine {
         let opts = Options {
             flush_ms,
             ..Default::default()
         };
-        super::super::open(dir, 8 << 20, opts).unwrap().1
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            match super::super::open(dir, 8 << 20, opts.clone()) {
+                Ok((_, sm)) => return sm,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    eprintln!("reopening {}: {e}; trying again", dir.display());
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("open {}: {e}", dir.display()),
+            }
+        }
     }
 
     /// A state machine that flushes only when asked (or past its bounds):

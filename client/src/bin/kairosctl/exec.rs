@@ -207,8 +207,55 @@ async fn read_tail(mut r: impl AsyncRead + Unpin) -> Vec<u8> {
     tail(&keep)
 }
 
+/// The upstream results of a workflow run, in a file of its own for the
+/// shell command (`KAIROS_UPSTREAM_FILE`), removed when the run ends.
+struct UpstreamFile(std::path::PathBuf);
+
+impl UpstreamFile {
+    fn create(t: &Task) -> std::io::Result<Option<UpstreamFile>> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        if t.upstream_results.is_empty() {
+            return Ok(None);
+        }
+        let safe: String = (t.fencing_token.chars())
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let path = std::env::temp_dir().join(format!(
+            "kairos-upstream-{}-{safe}.json",
+            std::process::id()
+        ));
+        // A new file only this user reads: never one someone placed there.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(&t.upstream_results)?;
+        Ok(Some(UpstreamFile(path)))
+    }
+}
+
+impl Drop for UpstreamFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 async fn shell(t: &Task, ctx: &RunCtx) -> Outcome {
+    let upstream = match UpstreamFile::create(t) {
+        Ok(f) => f,
+        Err(e) => {
+            return Outcome::Failure {
+                error: format!("writing the upstream results file: {e}"),
+                retryable: true,
+            }
+        }
+    };
     let mut cmd = std::process::Command::new("sh");
+    if let Some(f) = &upstream {
+        cmd.env("KAIROS_UPSTREAM_FILE", &f.0);
+    }
     cmd.arg("-c")
         .arg(String::from_utf8_lossy(&t.payload).to_string())
         .env("KAIROS_RUN_ID", &t.run_id)

@@ -3,6 +3,7 @@
 
 mod apply;
 mod exec;
+mod graph;
 mod spec;
 mod table;
 mod watch;
@@ -175,6 +176,11 @@ enum JobCmd {
     /// Runs by outcome, lateness p50/p99 of the latest 100 fires, and the
     /// last run, over the job's kept run history.
     Stats {
+        id: String,
+    },
+    /// The job's upstream and downstream jobs as trees, with each one's
+    /// last run state and what a workflow's cycle waits for.
+    Graph {
         id: String,
     },
 }
@@ -405,12 +411,15 @@ async fn next_fires(c: &Client, out: Output, req: pb::NextFiresRequest) -> anyho
             async move { j.next_fires(r).await }
         })
         .await?;
-    let text = r
-        .fire_at_ms
-        .iter()
-        .map(|t| time_text(*t))
+    let note = |i: usize| r.dst_notes.get(i).filter(|n| !n.is_empty());
+    let text = (r.fire_at_ms.iter().enumerate())
+        .map(|(i, t)| match note(i) {
+            Some(n) => format!("{}  {n}", time_text(*t)),
+            None => time_text(*t),
+        })
         .collect::<Vec<_>>()
         .join("\n");
+    // JSON stays the list of times it always was; the notes are the API's `dst_notes`.
     print_value(out, json!(r.fire_at_ms), &text);
     Ok(())
 }
@@ -752,6 +761,7 @@ fn schedule_text(s: &Option<pb::Schedule>) -> String {
         Some(Kind::EveryMs(ms)) => format!("every {ms}ms"),
         Some(Kind::AtMs(ms)) => format!("at {}", time_text(*ms)),
         Some(Kind::AfterMs(ms)) => format!("after {ms}ms"),
+        Some(Kind::UpstreamOnly(_)) => "upstream only".into(),
         None => "-".into(),
     }
 }
@@ -799,6 +809,7 @@ fn job_json(j: &pb::Job) -> Value {
         "keep_for_ms": s.keep_for_ms, "start_at_ms": s.start_at_ms, "end_at_ms": s.end_at_ms,
         "state": j.state, "fired_count": j.fired_count, "finished_at_ms": j.finished_at_ms,
         "pause_note": j.pause_note, "paused_by": j.paused_by, "paused_at_ms": j.paused_at_ms,
+        "workflow_state": j.workflow_state, "downstream": j.downstream,
     });
     if let (Some(v), Value::Object(state)) = (v.as_object_mut(), state) {
         v.extend(state);
@@ -881,6 +892,11 @@ fn print_job(out: Output, j: &pb::Job) {
         ("finished", time_text(j.finished_at_ms)),
         ("fanout", fanout),
         ("keep", keep_text(&s)),
+        ("upstream", dash(s.upstream.join(","))),
+        ("trigger rule", dash(s.trigger_rule.clone())),
+        ("on upstream failure", dash(s.on_upstream_failure.clone())),
+        ("workflow state", dash(j.workflow_state.clone())),
+        ("downstream", dash(j.downstream.join(","))),
     ]);
 }
 
@@ -889,7 +905,7 @@ fn run_json(r: &pb::Run) -> Value {
         "run_id": r.run_id, "job": r.job, "scheduled_at_ms": r.scheduled_at_ms, "fired_at_ms": r.fired_at_ms,
         "state": run_state(r.state), "attempt": r.attempt, "worker": r.worker, "received_at_ms": r.received_at_ms,
         "finished_at_ms": r.finished_at_ms, "result": String::from_utf8_lossy(&r.result), "error": r.error, "note": r.note,
-        "shard": r.shard, "shard_count": r.shard_count,
+        "shard": r.shard, "shard_count": r.shard_count, "upstream_runs": r.upstream_runs,
     })
 }
 
@@ -1144,6 +1160,7 @@ async fn job_cmd(
             };
             next_fires(c, out, req).await?;
         }
+        JobCmd::Graph { id } => graph::print(c, &id).await?,
         JobCmd::Stats { id } => {
             let req = by_id(&id);
             let st = c

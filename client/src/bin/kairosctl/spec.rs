@@ -105,6 +105,22 @@ pub struct SpecArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_runs: Option<u64>,
+    /// Upstream jobs (comma-separated ids, 1 to 32): the job runs when they
+    /// complete a cycle (docs/workflows.md). Without a schedule it has no
+    /// schedule of its own.
+    #[arg(long, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<String>,
+    /// With --upstream: when a cycle is complete (all-success, all-done,
+    /// one-success, one-failed, none-failed; default all-success).
+    #[arg(long, requires = "upstream", value_parser = ["all-success", "all-done", "one-success", "one-failed", "none-failed"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trigger_rule: Option<String>,
+    /// With --upstream: what a failed upstream does to a cycle that needs
+    /// it (block, skip, wait-for-retry; default block).
+    #[arg(long, requires = "upstream", value_parser = ["block", "skip", "wait-for-retry"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_upstream_failure: Option<String>,
     /// Runs per occurrence with shard indexes 0..N-1 (1 to 1024).
     #[arg(long, conflicts_with = "broadcast")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -162,8 +178,10 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         Kind::AtMs(t?)
     } else if let Some(d) = &a.after {
         Kind::AfterMs(duration_ms(d).context("after")?)
+    } else if !a.upstream.is_empty() {
+        Kind::UpstreamOnly(true)
     } else {
-        bail!("schedule: give one of cron, every, at, after");
+        bail!("schedule: give one of cron, every, at, after (or upstream)");
     };
     let misfire = match a.misfire.as_deref() {
         None | Some("fire-all") => pb::MisfirePolicy::FireAll,
@@ -217,6 +235,9 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
             .transpose()?,
         max_runs: a.max_runs,
         job_labels: a.labels.iter().cloned().collect(),
+        upstream: a.upstream.clone(),
+        trigger_rule: a.trigger_rule.clone().unwrap_or_default(),
+        on_upstream_failure: a.on_upstream_failure.clone().unwrap_or_default(),
     })
 }
 
@@ -255,6 +276,10 @@ pub fn args_of(s: &pb::JobSpec) -> SpecArgs {
         start_at: s.start_at_ms.map(time_text),
         end_at: s.end_at_ms.map(time_text),
         max_runs: s.max_runs,
+        upstream: s.upstream.clone(),
+        trigger_rule: (!s.trigger_rule.is_empty()).then(|| s.trigger_rule.clone()),
+        on_upstream_failure: (!s.on_upstream_failure.is_empty())
+            .then(|| s.on_upstream_failure.clone()),
         shards: s.shards,
         broadcast: s.broadcast,
         keep_runs: Some(s.keep_runs),
@@ -270,7 +295,7 @@ pub fn args_of(s: &pb::JobSpec) -> SpecArgs {
         Some(Kind::EveryMs(ms)) => a.every = Some(ms_text(*ms)),
         Some(Kind::AtMs(ms)) => a.at = Some(time_text(*ms)),
         Some(Kind::AfterMs(ms)) => a.after = Some(ms_text(*ms)),
-        None => {}
+        Some(Kind::UpstreamOnly(_)) | None => {}
     }
     a
 }

@@ -127,6 +127,7 @@ function scheduleText(s) {
   if (s.cron !== undefined) return "cron " + s.cron + (s.tz ? " " + s.tz : "");
   if (s.every_ms !== undefined) return "every " + s.every_ms + " ms";
   if (s.at_ms !== undefined) return "at " + time(s.at_ms);
+  if (s.upstream_only) return "when its upstreams complete a cycle";
   return "after " + s.after_ms + " ms";
 }
 
@@ -197,7 +198,9 @@ async function jobPage(id) {
     ["bounds", [j.start_at_ms ? "from " + time(j.start_at_ms) : "", j.end_at_ms ? "until " + time(j.end_at_ms) : "", j.max_runs ? "max " + j.max_runs + " runs" : ""].filter(x => x).join(", ") || "-"],
     ["fired", j.fired_count],
     ["shards", j.shards ?? "-"], ["broadcast", j.broadcast], ["payload", j.payload_bytes + " bytes"],
-    ["keep runs", j.keep_runs || "default"], ["keep for", j.keep_for_ms ? j.keep_for_ms + " ms" : "-"]];
+    ["keep runs", j.keep_runs || "default"], ["keep for", j.keep_for_ms ? j.keep_for_ms + " ms" : "-"],
+    ["upstream", j.upstream.length ? j.upstream.join(", ") + " (" + j.trigger_rule + ", on failure " + j.on_upstream_failure + ")" : "-"],
+    ["workflow state", j.workflow_state || "-"], ["downstream", j.downstream.length ? j.downstream.join(", ") : "-"]];
   for (const [k, v] of fields) spec.append(el("dt", {}, k), el("dd", { "data-field": k }, v));
   const stats = el("dl", { class: "spec", id: "job-stats" });
   for (const k of ["runs", "fired", "succeeded", "failed", "timed_out", "cancelled", "skipped", "active", "lateness_ms_p50", "lateness_ms_p99"]) {
