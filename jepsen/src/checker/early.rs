@@ -21,8 +21,9 @@ pub fn check(h: &History) -> CheckResult {
         .filter(|o| o.is(Workload::Workflow, OpF::Create) && o.invoke.every_ms.is_none())
         .map(|o| o.invoke.key.as_str())
         .collect();
+    let judged = |job: &str| !unscheduled.contains(job);
     let mut max_early_ms = 0;
-    for x in h.receipts.iter().filter(|x| !unscheduled.contains(x.job.as_str())) {
+    for x in h.receipts.iter().filter(|x| judged(&x.job)) {
         r.add("receipts", 1);
         if x.received_at_ms < x.scheduled_at_ms - eps {
             max_early_ms = max_early_ms.max(x.scheduled_at_ms - x.received_at_ms);
@@ -38,7 +39,7 @@ pub fn check(h: &History) -> CheckResult {
         r.add("max_early_by_ms", max_early_ms as u64);
     }
     for f in h.finals.iter().filter(|f| f.reachable) {
-        for run in f.runs.iter().filter(|x| !unscheduled.contains(x.job.as_str())) {
+        for run in f.runs.iter().filter(|x| judged(&x.job)) {
             r.add("records", 1);
             if run.fired_at_ms < run.scheduled_at_ms {
                 r.flag(
