@@ -54,6 +54,9 @@ pub struct Bounds {
     pub cancel_margin_ms: i64,
     /// A fire record older than this (before the window end) must have a receipt.
     pub execution_grace_ms: i64,
+    /// Upstream runs that finished at least this long before the final read
+    /// must have triggered their downstream job by then.
+    pub workflow_settle_ms: i64,
 }
 
 impl Default for Bounds {
@@ -64,6 +67,7 @@ impl Default for Bounds {
             recovery_ms: 20_000,
             cancel_margin_ms: 500,
             execution_grace_ms: 20_000,
+            workflow_settle_ms: 10_000,
         }
     }
 }
@@ -79,6 +83,8 @@ pub enum Workload {
     Probe,
     /// Pausing interval jobs once the checking window closed.
     Quiesce,
+    /// Creating the workflow diamonds.
+    Workflow,
 }
 
 /// The operation's function.
@@ -277,6 +283,9 @@ pub struct FinalJob {
     pub next_fire_at_ms: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<u64>,
+    /// Workflow: the jobs this one follows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<String>,
 }
 
 /// A fire record: the run created when an occurrence fired.
@@ -289,6 +298,11 @@ pub struct FinalRun {
     pub fired_at_ms: i64,
     pub state: String,
     pub attempt: u32,
+    /// Cluster time the run ended; 0 while it has not.
+    pub finished_at_ms: i64,
+    /// A workflow run: the upstream run ids it consumed (read with GetRun).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstream_runs: Vec<String>,
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 use crate::client::{local, status, Node};
 use crate::event::{FinalJob, FinalNode, FinalRun};
 use kairos_proto::v1::{
-    jobs_client::JobsClient, runs_client::RunsClient, ListJobsRequest, ListRunsRequest, RunState,
+    jobs_client::JobsClient, runs_client::RunsClient, ListJobsRequest, ListRunsRequest, RunRef,
+    RunState,
 };
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -19,6 +20,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const PAGE: u32 = 1_000;
 /// Pages read per list, at most.
 const MAX_PAGES: usize = 500;
+/// Workflow runs whose consumed upstream runs are read, per node.
+const MAX_WORKFLOW_RUNS: usize = 5_000;
 
 /// Each node's (applied_index) as it reports itself; `None` if unreachable.
 pub async fn applied_indexes(nodes: &[Node]) -> Vec<Option<u64>> {
@@ -103,6 +106,10 @@ pub async fn read_node(n: &Node, ids: &BTreeSet<String>, now_ms: i64) -> FinalNo
             }
         }
     }
+    if let Err(e) = read_upstream_runs(n, &mut f).await {
+        f.error = Some(format!("get run: {e}"));
+        return f;
+    }
     f.applied_index_after = status(&n.channel, CALL_TIMEOUT)
         .await
         .ok()
@@ -135,12 +142,13 @@ async fn read_jobs(n: &Node) -> Result<Vec<FinalJob>, tonic::Status> {
         for j in page.jobs {
             let value = crate::client::payload_value(&j);
             out.push(FinalJob {
-                id: j.spec.map(|s| s.id).unwrap_or_default(),
+                id: j.spec.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
                 revision: j.revision,
                 paused: j.paused,
                 created_at_ms: j.created_at_ms,
                 next_fire_at_ms: j.next_fire_at_ms,
                 value,
+                upstream: j.spec.map(|s| s.upstream).unwrap_or_default(),
             });
         }
         if page.next_page_token.is_empty() || page.next_page_token == token {
@@ -149,6 +157,25 @@ async fn read_jobs(n: &Node) -> Result<Vec<FinalJob>, tonic::Status> {
         token = page.next_page_token;
     }
     Ok(out)
+}
+
+/// Fills in the consumed upstream runs of every run of a job that has
+/// upstreams (ListRuns leaves them out), at most `MAX_WORKFLOW_RUNS`.
+async fn read_upstream_runs(n: &Node, f: &mut FinalNode) -> Result<(), tonic::Status> {
+    let downstream: BTreeSet<&str> = (f.jobs.iter())
+        .filter(|j| !j.upstream.is_empty())
+        .map(|j| j.id.as_str())
+        .collect();
+    let mut client = RunsClient::new(n.channel.clone());
+    let runs = (f.runs.iter_mut()).filter(|r| downstream.contains(r.job.as_str()));
+    for run in runs.take(MAX_WORKFLOW_RUNS) {
+        let req = RunRef {
+            run_id: run.run_id.clone(),
+        };
+        let got = client.get_run(local(req, CALL_TIMEOUT)).await?.into_inner();
+        run.upstream_runs = got.upstream_runs;
+    }
+    Ok(())
 }
 
 async fn read_runs(n: &Node, job: &str) -> Result<Vec<FinalRun>, tonic::Status> {
@@ -178,6 +205,8 @@ async fn read_runs(n: &Node, job: &str) -> Result<Vec<FinalRun>, tonic::Status> 
                 scheduled_at_ms: r.scheduled_at_ms,
                 fired_at_ms: r.fired_at_ms,
                 attempt: r.attempt,
+                finished_at_ms: r.finished_at_ms,
+                upstream_runs: Vec::new(),
             }
         }));
         let next = (page.next_after_scheduled_at_ms, page.next_after_shard);

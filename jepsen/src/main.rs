@@ -16,7 +16,7 @@ use std::time::Duration;
 /// Node flags used with the snapshot nemesis unless --node-args is given:
 /// a snapshot every 500 entries, 100 kept behind it.
 const SNAPSHOT_NODE_ARGS: [&str; 4] = ["--snapshot-logs", "500", "--keep-logs", "100"];
-const WORKLOADS: [&str; 4] = ["register", "interval", "timers", "execution"];
+const WORKLOADS: [&str; 5] = ["register", "interval", "timers", "execution", "workflow"];
 
 #[derive(Parser)]
 #[command(name = "kairos-jepsen", about = "Fault-injection harness for Kairos")]

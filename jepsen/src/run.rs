@@ -214,6 +214,8 @@ struct Workloads {
     interval: Option<JoinHandle<Vec<String>>>,
     timers: Option<JoinHandle<Vec<String>>>,
     register: Option<JoinHandle<()>>,
+    /// The workflow diamonds: (root job ids, every job id).
+    workflow: Option<JoinHandle<(Vec<String>, Vec<String>)>>,
 }
 
 async fn drive(
@@ -323,7 +325,7 @@ fn spawn_workloads(cfg: &RunConfig, live: &Live) -> Workloads {
     };
     let clients = || live.ctx(clients_rx.clone());
     Workloads {
-        workers: has("execution").then(|| {
+        workers: (has("execution") || has("workflow")).then(|| {
             tokio::spawn(workload::execution::run(
                 live.ctx(workers_rx.clone()),
                 WORKERS,
@@ -334,6 +336,7 @@ fn spawn_workloads(cfg: &RunConfig, live: &Live) -> Workloads {
         timers: has("timers").then(|| tokio::spawn(workload::timers::run(clients(), timers_cfg))),
         register: has("register")
             .then(|| tokio::spawn(workload::register::run(clients(), reg_cfg))),
+        workflow: has("workflow").then(|| tokio::spawn(workload::workflow::run(clients()))),
         stop_clients,
         clients_rx: clients_rx.clone(),
         stop_workers,
@@ -350,11 +353,16 @@ async fn settle(
     w: Workloads,
 ) -> BTreeSet<String> {
     let mut ids: BTreeSet<String> = BTreeSet::new();
-    let interval_ids = match w.interval {
+    let mut scheduled = match w.interval {
         Some(t) => t.await.unwrap_or_default(),
         None => Vec::new(),
     };
-    ids.extend(interval_ids.iter().cloned());
+    ids.extend(scheduled.iter().cloned());
+    if let Some(t) = w.workflow {
+        let (roots, all) = t.await.unwrap_or_default();
+        ids.extend(all);
+        scheduled.extend(roots);
+    }
     if let Some(t) = w.timers {
         ids.extend(t.await.unwrap_or_default());
     }
@@ -367,7 +375,7 @@ async fn settle(
     let (_admin_stop, admin_rx) = watch::channel(false);
     let admin = live.ctx(admin_rx);
     ids.insert(probe(&admin, id).await);
-    quiesce(&admin, &interval_ids).await;
+    quiesce(&admin, &scheduled).await;
     // Fires stopped: let the last assignments and finishes commit (the log
     // goes quiet and every node applied it) before the workers stop.
     final_state::wait_converged(&live.nodes, Duration::from_secs(10)).await;
@@ -470,7 +478,8 @@ async fn probe(ctx: &Ctx, run_id: &str) -> String {
     key
 }
 
-/// Pauses every interval job so fires stop and replicas can converge.
+/// Pauses every interval job and workflow root so fires stop and replicas
+/// can converge.
 async fn quiesce(ctx: &Ctx, ids: &[String]) {
     for (k, id) in ids.iter().enumerate() {
         for attempt in 0..QUIESCE_ATTEMPTS {

@@ -117,6 +117,7 @@ pub fn fire(job: &str, scheduled_at_ms: i64, fired_at_ms: i64) -> FinalRun {
         fired_at_ms,
         state: "SUCCEEDED".to_string(),
         attempt: 1,
+        ..Default::default()
     }
 }
 
@@ -160,7 +161,7 @@ fn job(id: &str, paused: bool, next_fire_at_ms: i64) -> FinalJob {
         paused,
         created_at_ms: BASE_MS,
         next_fire_at_ms,
-        value: None,
+        ..Default::default()
     }
 }
 

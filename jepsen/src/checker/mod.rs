@@ -16,6 +16,7 @@ pub mod missed;
 pub mod receipts;
 pub mod replicas;
 pub mod wgl;
+pub mod workflow;
 
 use crate::history::History;
 use serde::Serialize;
@@ -88,6 +89,7 @@ pub fn check_all(h: &History) -> Vec<CheckResult> {
         execution::check(h),
         liveness::check(h),
         membership::check(h),
+        workflow::check(h),
     ]
 }
 

@@ -8,6 +8,7 @@ pub mod execution;
 pub mod interval;
 pub mod register;
 pub mod timers;
+pub mod workflow;
 
 use crate::client::{self, code_name, Node};
 use crate::event::{Complete, Event, Invoke, OpF, Outcome, Workload};
