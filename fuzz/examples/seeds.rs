@@ -29,6 +29,8 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         policy: Policy::default(),
         bounds: Bounds::default(),
         labels: Labels::new(),
+        workflow: None,
+        max_concurrent: None,
     }
 }
 

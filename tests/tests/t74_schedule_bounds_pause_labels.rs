@@ -313,3 +313,91 @@ async fn a_preview_marks_the_occurrences_a_dst_change_moves() {
         "{out}"
     );
 }
+
+/// A `kairosctl worker --exec shell` process, killed on drop.
+struct ShellWorker(std::process::Child);
+
+impl Drop for ShellWorker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffer_all_runs_every_overlapping_occurrence_one_at_a_time_in_order() {
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader().await;
+    let _w = ShellWorker(
+        std::process::Command::new(kairos_tests::kairosctl_bin())
+            .args([
+                "--endpoints",
+                &cluster.endpoints().join(","),
+                "worker",
+                "--group",
+                "g",
+                "--exec",
+                "shell",
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    refused(
+        &cluster,
+        &create_args("bad", "1s", &["--max-concurrent", "0"]),
+        "max_concurrent: must be between 1 and 4096, got 0",
+    );
+    let extra = [
+        "--overlap",
+        "buffer-all",
+        "--max-concurrent",
+        "1",
+        "--payload",
+        "sleep 0.4",
+    ];
+    run(&cluster, &create_args("q", "150ms", &extra));
+    let queued = wait_for("occurrences to queue", WAIT, || async {
+        let q = job(&cluster, "q")["queued_at_ms"].as_array()?.len();
+        (q >= 2).then_some(q)
+    })
+    .await;
+    assert!(queued <= 256);
+    wait_for("5 runs to succeed", WAIT, || async {
+        let runs = json(&cluster, &["runs", "list", "--job", "q"]);
+        let done = runs
+            .as_array()?
+            .iter()
+            .filter(|r| r["state"] == "succeeded")
+            .count();
+        (done >= 5).then_some(())
+    })
+    .await;
+    run(&cluster, &["job", "pause", "q"]);
+    let runs = json(&cluster, &["runs", "list", "--job", "q"]);
+    let done: Vec<&Value> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["state"] == "succeeded")
+        .collect();
+    // In scheduled order, each received after the one before it finished.
+    for w in done.windows(2) {
+        assert!(w[0]["scheduled_at_ms"].as_i64() < w[1]["scheduled_at_ms"].as_i64());
+        assert!(
+            w[1]["received_at_ms"].as_i64() >= w[0]["finished_at_ms"].as_i64(),
+            "overlapping runs: {} and {}",
+            w[0],
+            w[1]
+        );
+        assert!(
+            w[1]["note"]
+                .as_str()
+                .unwrap()
+                .starts_with("overlap buffer-all"),
+            "{}",
+            w[1]
+        );
+    }
+}

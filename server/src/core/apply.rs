@@ -645,6 +645,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             pause: None,
             workflow: None,
             cycle: Cycle::default(),
+            max_concurrent: spec.max_concurrent,
+            queued: Vec::new(),
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now)?;
@@ -685,6 +687,13 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.payload = spec.payload.clone();
         job.policy = spec.policy.clone();
         job.labels = spec.labels.clone();
+        job.max_concurrent = spec.max_concurrent;
+        if job.policy.overlap != Overlap::BufferAll {
+            for b in std::mem::take(&mut job.queued) {
+                let why = "overlap buffer-all: dropped (the overlap policy changed)";
+                self.record_skipped(&mut job, b, why.into());
+            }
+        }
         job.bounds = spec.bounds.clone();
         if limits_changed {
             // Plans only: the deleting is housekeeping's, in bounded steps.
@@ -814,9 +823,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 "job {id:?}: firing is paused cluster-wide (kairosctl cluster resume); trigger refused"
             )));
         }
-        if job.active_runs > 0 && job.policy.overlap == Overlap::BufferOne {
+        let buffers = matches!(job.policy.overlap, Overlap::BufferOne | Overlap::BufferAll);
+        if job.active_runs >= job.capacity() && buffers {
             return Err(CommandError::FailedPrecondition(format!(
-                "job {id:?} has an active run and overlap buffer-one; trigger refused"
+                "job {id:?} is at its {} active run(s) and overlap {}; trigger refused",
+                job.capacity(),
+                if job.policy.overlap == Overlap::BufferOne {
+                    "buffer-one"
+                } else {
+                    "buffer-all"
+                }
             )));
         }
         let run_id = RunId::new(id, self.now);
@@ -1057,15 +1073,33 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if self.run_rec(&RunId::new(&job.id, scheduled)).is_some() {
             return;
         }
-        if job.active_runs > 0 {
+        if job.active_runs >= job.capacity() {
             match job.policy.overlap {
-                Overlap::Allow => {}
+                Overlap::Allow => {
+                    let note = format!(
+                        "max-concurrent {}: {} runs still active",
+                        job.capacity(),
+                        job.active_runs
+                    );
+                    return self.record_skipped(job, scheduled, note);
+                }
                 Overlap::Forbid => {
                     return self.record_skipped(
                         job,
                         scheduled,
                         "overlap forbid: previous run still active".into(),
                     );
+                }
+                Overlap::BufferAll => {
+                    if job.queued.len() >= limits::BUFFER_ALL_MAX {
+                        let note = format!(
+                            "overlap buffer-all: {} occurrences already wait",
+                            limits::BUFFER_ALL_MAX
+                        );
+                        return self.record_skipped(job, scheduled, note);
+                    }
+                    job.queued.push(scheduled);
+                    return;
                 }
                 Overlap::BufferOne => {
                     if let Some(older) = job.buffered_at_ms.replace(scheduled) {
@@ -1135,6 +1169,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if let Some(b) = job.buffered_at_ms.take() {
             self.record_skipped(job, b, format!("overlap buffer-one: dropped ({why})"));
         }
+        for b in std::mem::take(&mut job.queued) {
+            self.record_skipped(job, b, format!("overlap buffer-all: dropped ({why})"));
+        }
     }
 
     /// A run left the active set: update the job's count and start a buffered occurrence.
@@ -1148,12 +1185,19 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         };
         job.active_runs = job.active_runs.saturating_sub(1);
         self.after_finish(&mut job, true);
-        if job.active_runs == 0 {
+        if job.active_runs < job.capacity() {
             if let Some(b) = job.buffered_at_ms.take() {
                 self.start_run(
                     &mut job,
                     b,
                     "overlap buffer-one: started after the previous run".into(),
+                );
+            } else if !job.queued.is_empty() {
+                let b = job.queued.remove(0);
+                self.start_run(
+                    &mut job,
+                    b,
+                    "overlap buffer-all: started in order after an earlier run".into(),
                 );
             }
         }

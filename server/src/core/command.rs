@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use super::codec::{check_format, decode, encode, FormatError};
 use super::keys;
-use super::types::{Job, JobSpec, PauseNote, Run, RunId, ScheduleInput, SpecExt, Token, WheelKey};
+use super::types::{
+    Job, JobSpec, Overlap, PauseNote, Run, RunId, ScheduleInput, SpecExt, Token, WheelKey,
+};
 
 /// The newest log format this binary reads and can write. A leader writes
 /// entries at the cluster's *active* format (replicated, `query::log_format`),
@@ -267,7 +269,8 @@ impl Command {
         match self {
             Command::ActivateLogFormat { format } => (*format).max(2),
             Command::CreateJob { spec, .. } | Command::UpdateJob { spec, .. }
-                if spec.schedule == ScheduleInput::Upstream =>
+                if spec.schedule == ScheduleInput::Upstream
+                    || spec.policy.overlap == Overlap::BufferAll =>
             {
                 3
             }

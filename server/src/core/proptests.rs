@@ -369,6 +369,7 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
                     bounds: Bounds::default(),
                     labels: Labels::new(),
                     workflow: None,
+                    max_concurrent: None,
                 }
             },
         )
@@ -390,6 +391,7 @@ fn wild_job_spec() -> impl Strategy<Value = JobSpec> {
             bounds: Bounds::default(),
             labels: Labels::new(),
             workflow: None,
+            max_concurrent: None,
         },
     )
 }

@@ -23,6 +23,7 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         bounds: Bounds::default(),
         labels: Labels::new(),
         workflow: None,
+        max_concurrent: None,
     }
 }
 

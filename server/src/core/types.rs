@@ -99,6 +99,8 @@ pub mod limits {
     /// Jobs one filtered `ListJobs` page looks at: a page that reaches it
     /// returns what matched so far and a token to continue from.
     pub const LIST_SCAN_MAX: usize = 10_000;
+    /// Occurrences that may wait under `buffer-all`; one more is recorded skipped.
+    pub const BUFFER_ALL_MAX: usize = 256;
     /// Upstream jobs one job may declare.
     pub const UPSTREAMS_MAX: usize = 32;
     /// Jobs that may declare one job as their upstream.
@@ -179,6 +181,9 @@ pub enum Overlap {
     Forbid,
     BufferOne,
     Replace,
+    /// Every occurrence that finds the job full waits, in order, and starts
+    /// as runs end (at most `limits::BUFFER_ALL_MAX` wait; log format 3).
+    BufferAll,
 }
 
 /// A schedule as the client gave it; `After` and `Every` are anchored to the
@@ -319,6 +324,10 @@ pub struct JobSpec {
     pub labels: Labels,
     #[serde(skip)]
     pub workflow: Option<Workflow>,
+    /// Runs of the job active at once before an occurrence meets its overlap
+    /// policy (`None`: unlimited for `allow`, 1 for the others).
+    #[serde(skip)]
+    pub max_concurrent: Option<u32>,
 }
 
 /// What a job spec has beyond log format 2's.
@@ -327,6 +336,7 @@ pub struct SpecExt {
     pub bounds: Bounds,
     pub labels: Labels,
     pub workflow: Option<Workflow>,
+    pub max_concurrent: Option<u32>,
 }
 
 impl JobSpec {
@@ -336,6 +346,7 @@ impl JobSpec {
             bounds: std::mem::take(&mut self.bounds),
             labels: std::mem::take(&mut self.labels),
             workflow: self.workflow.take(),
+            max_concurrent: self.max_concurrent.take(),
         }
     }
 
@@ -345,6 +356,7 @@ impl JobSpec {
             bounds: ext.bounds.clone(),
             labels: ext.labels.clone(),
             workflow: ext.workflow.clone(),
+            max_concurrent: ext.max_concurrent,
             ..self.clone()
         }
     }
@@ -432,6 +444,11 @@ pub struct Job {
     /// Its open cycle (a job with a workflow).
     #[serde(skip)]
     pub cycle: Cycle,
+    #[serde(skip)]
+    pub max_concurrent: Option<u32>,
+    /// Occurrences waiting under `buffer-all`, oldest first.
+    #[serde(skip)]
+    pub queued: Vec<i64>,
 }
 
 /// A job record's tail: the fields state format 8's record lacks.
@@ -444,9 +461,20 @@ struct JobExt {
     pause: Option<PauseNote>,
     workflow: Option<Workflow>,
     cycle: Cycle,
+    max_concurrent: Option<u32>,
+    queued: Vec<i64>,
 }
 
 impl Job {
+    /// Runs active at once before an occurrence meets the overlap policy.
+    pub fn capacity(&self) -> u32 {
+        match (self.max_concurrent, self.policy.overlap) {
+            (Some(n), _) => n,
+            (None, Overlap::Allow) => u32::MAX,
+            (None, _) => 1,
+        }
+    }
+
     /// The stored record: the format-8 record, followed by the extension
     /// fields only when one of them is set.
     pub fn to_record(&self) -> Vec<u8> {
@@ -459,6 +487,8 @@ impl Job {
             pause: self.pause.clone(),
             workflow: self.workflow.clone(),
             cycle: self.cycle.clone(),
+            max_concurrent: self.max_concurrent,
+            queued: self.queued.clone(),
         };
         if ext != JobExt::default() {
             out.extend(encode(&ext));
@@ -488,6 +518,8 @@ impl Job {
             job.pause = ext.pause;
             job.workflow = ext.workflow;
             job.cycle = ext.cycle;
+            job.max_concurrent = ext.max_concurrent;
+            job.queued = ext.queued;
         }
         Ok(job)
     }

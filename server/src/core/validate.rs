@@ -112,6 +112,14 @@ pub fn job_spec_with(
     policy(&spec.policy)?;
     bounds(&spec.bounds)?;
     job_labels(&spec.labels)?;
+    if let Some(n) = spec.max_concurrent {
+        if n == 0 || n > limits::ACTIVE_RUNS_MAX {
+            return Err(invalid(format!(
+                "max_concurrent: must be between 1 and {}, got {n}",
+                limits::ACTIVE_RUNS_MAX
+            )));
+        }
+    }
     workflow(&spec.id, &spec.schedule, spec.workflow.as_ref())
 }
 
@@ -352,10 +360,13 @@ fn fanout(p: &Policy) -> Result<(), CommandError> {
         ))),
         // The buffered occurrence starts when a Finish is applied, which
         // carries no worker count: broadcast cannot know its width then.
-        Fanout::Broadcast if p.overlap == Overlap::BufferOne => Err(invalid(
-            "overlap: buffer-one cannot be combined with broadcast; use forbid, replace or allow"
-                .to_string(),
-        )),
+        Fanout::Broadcast if matches!(p.overlap, Overlap::BufferOne | Overlap::BufferAll) => {
+            Err(invalid(
+                "overlap: buffer-one and buffer-all cannot be combined with broadcast; use forbid, \
+                 replace or allow"
+                    .to_string(),
+            ))
+        }
         // The width the leader reports is per group; a label-filtered
         // broadcast would create more runs than there are matching workers.
         Fanout::Broadcast if matches!(p.route, Route::Label(_)) => Err(invalid(
@@ -398,6 +409,7 @@ mod tests {
             bounds: Bounds::default(),
             labels: Labels::new(),
             workflow: None,
+            max_concurrent: None,
         }
     }
 
@@ -474,7 +486,8 @@ mod tests {
         assert!(job_spec(&s, 1_000_000).is_ok());
         s.policy.fanout = Fanout::Broadcast;
         s.policy.overlap = Overlap::BufferOne;
-        assert!(err(&s).starts_with("overlap: buffer-one cannot be combined with broadcast"));
+        assert!(err(&s)
+            .starts_with("overlap: buffer-one and buffer-all cannot be combined with broadcast"));
         s.policy.overlap = Overlap::Allow;
         s.policy.route = Route::Label([("zone".to_string(), "eu".to_string())].into());
         assert!(err(&s).starts_with("route: label cannot be combined with broadcast"));

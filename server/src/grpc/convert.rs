@@ -71,6 +71,7 @@ pub fn policy_in(s: &pb::JobSpec) -> Result<Policy, Status> {
         Ok(pb::OverlapPolicy::Forbid) => Overlap::Forbid,
         Ok(pb::OverlapPolicy::BufferOne) => Overlap::BufferOne,
         Ok(pb::OverlapPolicy::Replace) => Overlap::Replace,
+        Ok(pb::OverlapPolicy::BufferAll) => Overlap::BufferAll,
         Err(_) => {
             return Err(invalid(format!(
                 "overlap: unknown policy value {}",
@@ -143,6 +144,7 @@ pub fn spec_in(s: Option<pb::JobSpec>) -> Result<JobSpec, Status> {
         },
         labels: s.job_labels.into_iter().collect(),
         workflow: workflow_in(s.upstream, &s.trigger_rule, &s.on_upstream_failure)?,
+        max_concurrent: s.max_concurrent,
     })
 }
 
@@ -223,6 +225,7 @@ pub fn job_out(j: &Job) -> pb::Job {
         Overlap::Forbid => pb::OverlapPolicy::Forbid,
         Overlap::BufferOne => pb::OverlapPolicy::BufferOne,
         Overlap::Replace => pb::OverlapPolicy::Replace,
+        Overlap::BufferAll => pb::OverlapPolicy::BufferAll,
     };
     let spec = pb::JobSpec {
         id: j.id.clone(),
@@ -263,6 +266,7 @@ pub fn job_out(j: &Job) -> pb::Job {
             .as_ref()
             .map(|w| w.on_failure.as_str().into())
             .unwrap_or_default(),
+        max_concurrent: j.max_concurrent,
     };
     let pause = j.pause.clone().unwrap_or(PauseNote {
         note: String::new(),
@@ -288,6 +292,7 @@ pub fn job_out(j: &Job) -> pb::Job {
             .map(|w| j.cycle.describe(w))
             .unwrap_or_default(),
         downstream: Vec::new(),
+        queued_at_ms: j.queued.clone(),
     }
 }
 

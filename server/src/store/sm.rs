@@ -1007,6 +1007,7 @@ mod tests {
             bounds: Default::default(),
             labels: Default::default(),
             workflow: None,
+            max_concurrent: None,
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),

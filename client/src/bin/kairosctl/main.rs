@@ -809,7 +809,7 @@ fn job_json(j: &pb::Job) -> Value {
         "keep_for_ms": s.keep_for_ms, "start_at_ms": s.start_at_ms, "end_at_ms": s.end_at_ms,
         "state": j.state, "fired_count": j.fired_count, "finished_at_ms": j.finished_at_ms,
         "pause_note": j.pause_note, "paused_by": j.paused_by, "paused_at_ms": j.paused_at_ms,
-        "workflow_state": j.workflow_state, "downstream": j.downstream,
+        "workflow_state": j.workflow_state, "downstream": j.downstream, "queued_at_ms": j.queued_at_ms,
     });
     if let (Some(v), Value::Object(state)) = (v.as_object_mut(), state) {
         v.extend(state);
@@ -870,7 +870,23 @@ fn print_job(out: Output, j: &pb::Job) {
                 ms_text(s.misfire_grace_ms)
             ),
         ),
-        ("overlap", spec::overlap_text(s.overlap).into()),
+        (
+            "overlap",
+            match s.max_concurrent {
+                Some(n) => format!("{} (max {n} concurrent)", spec::overlap_text(s.overlap)),
+                None => spec::overlap_text(s.overlap).into(),
+            },
+        ),
+        (
+            "queued",
+            dash(
+                j.queued_at_ms
+                    .iter()
+                    .map(|t| time_text(*t))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ),
         ("timeout", ms_text(s.timeout_ms)),
         (
             "retry",

@@ -77,7 +77,7 @@ pub struct SpecArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<u32>,
     /// When an occurrence is due while the previous runs (default allow).
-    #[arg(long, value_parser = ["allow", "forbid", "buffer-one", "replace"])]
+    #[arg(long, value_parser = ["allow", "forbid", "buffer-one", "replace", "buffer-all"])]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlap: Option<String>,
     /// How the leader picks a worker of the group for each attempt (default least-loaded).
@@ -105,6 +105,12 @@ pub struct SpecArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_runs: Option<u64>,
+    /// Runs active at once before an occurrence meets --overlap (1 to 4096;
+    /// default unlimited for allow, 1 for the others). With allow, an
+    /// occurrence past it is recorded skipped.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
     /// Upstream jobs (comma-separated ids, 1 to 32): the job runs when they
     /// complete a cycle (docs/workflows.md). Without a schedule it has no
     /// schedule of its own.
@@ -194,7 +200,10 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         Some("forbid") => pb::OverlapPolicy::Forbid,
         Some("buffer-one") => pb::OverlapPolicy::BufferOne,
         Some("replace") => pb::OverlapPolicy::Replace,
-        Some(o) => bail!("overlap {o:?}: expected allow, forbid, buffer-one or replace"),
+        Some("buffer-all") => pb::OverlapPolicy::BufferAll,
+        Some(o) => {
+            bail!("overlap {o:?}: expected allow, forbid, buffer-one, buffer-all or replace")
+        }
     };
     let route = match a.route.as_deref() {
         None | Some("least-loaded") => pb::RoutePolicy::LeastLoaded,
@@ -238,6 +247,7 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         upstream: a.upstream.clone(),
         trigger_rule: a.trigger_rule.clone().unwrap_or_default(),
         on_upstream_failure: a.on_upstream_failure.clone().unwrap_or_default(),
+        max_concurrent: a.max_concurrent,
     })
 }
 
@@ -277,6 +287,7 @@ pub fn args_of(s: &pb::JobSpec) -> SpecArgs {
         end_at: s.end_at_ms.map(time_text),
         max_runs: s.max_runs,
         upstream: s.upstream.clone(),
+        max_concurrent: s.max_concurrent,
         trigger_rule: (!s.trigger_rule.is_empty()).then(|| s.trigger_rule.clone()),
         on_upstream_failure: (!s.on_upstream_failure.is_empty())
             .then(|| s.on_upstream_failure.clone()),
@@ -363,6 +374,7 @@ pub fn overlap_text(o: i32) -> &'static str {
         pb::OverlapPolicy::Forbid => "forbid",
         pb::OverlapPolicy::BufferOne => "buffer-one",
         pb::OverlapPolicy::Replace => "replace",
+        pb::OverlapPolicy::BufferAll => "buffer-all",
         pb::OverlapPolicy::Allow | pb::OverlapPolicy::Unspecified => "allow",
     }
 }

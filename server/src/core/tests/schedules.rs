@@ -495,3 +495,115 @@ fn what_older_log_formats_lack_needs_format_3_and_the_rest_keeps_its_old_encodin
     ));
     assert_eq!(encode(&Command::create_job(plain, T0)), v1);
 }
+
+// ------------------------------------------------------------ concurrency
+
+fn concurrent(id: &str, overlap: Overlap, max: Option<u32>) -> JobSpec {
+    JobSpec {
+        max_concurrent: max,
+        ..with_overlap(every(id, 1000), overlap)
+    }
+}
+
+fn states(sim: &Sim, job: &str) -> Vec<(i64, RunState)> {
+    sim.runs_of(job)
+        .iter()
+        .map(|r| (r.id.scheduled_at_ms - T0, r.state))
+        .collect()
+}
+
+#[test]
+fn max_concurrent_with_allow_runs_that_many_at_once_and_records_the_rest_skipped() {
+    let mut sim = Sim::default();
+    sim.create(concurrent("a", Overlap::Allow, Some(2)), T0);
+    for k in 1..=3 {
+        sim.fire_due(T0 + k * 1000);
+    }
+    use RunState::*;
+    assert_eq!(
+        states(&sim, "a"),
+        vec![(1000, Pending), (2000, Pending), (3000, Skipped)]
+    );
+    assert!(sim
+        .run(&rid("a", T0 + 3000))
+        .note
+        .starts_with("max-concurrent 2: 2 runs still active"));
+    // One ends: the next occurrence runs again.
+    let mut r = report(&rid("a", T0 + 1000), 1, true, 0);
+    r.retryable = false;
+    sim.finish(T0 + 3500, r);
+    sim.fire_due(T0 + 4000);
+    assert_eq!(sim.run(&rid("a", T0 + 4000)).state, Pending);
+}
+
+#[test]
+fn buffer_all_queues_every_overlapping_occurrence_and_starts_them_in_order() {
+    let mut sim = Sim::default();
+    sim.create(concurrent("a", Overlap::BufferAll, None), T0);
+    for k in 1..=4 {
+        sim.fire_due(T0 + k * 1000);
+    }
+    assert_eq!(sim.job("a").queued, vec![T0 + 2000, T0 + 3000, T0 + 4000]);
+    assert_eq!(
+        sim.runs_of("a").len(),
+        1,
+        "the others wait, not recorded yet"
+    );
+    let trig = sim.exec(trigger("a", T0 + 4100));
+    assert!(matches!(
+        trig.response,
+        Response::Error(CommandError::FailedPrecondition(_))
+    ));
+    for (k, at) in [(1, 1000), (2, 2000), (3, 3000)] {
+        let mut r = report(&rid("a", T0 + at), 1, true, 0);
+        r.retryable = false;
+        sim.finish(T0 + 5000 + k, r);
+        let next = rid("a", T0 + at + 1000);
+        assert_eq!(
+            sim.run(&next).state,
+            RunState::Pending,
+            "{next} started after {at}"
+        );
+        assert!(sim
+            .run(&next)
+            .note
+            .starts_with("overlap buffer-all: started in order"));
+    }
+    assert!(sim.job("a").queued.is_empty());
+}
+
+#[test]
+fn buffer_all_is_bounded_and_the_bounds_need_format_3() {
+    let mut sim = Sim::default();
+    sim.create(concurrent("a", Overlap::BufferAll, Some(1)), T0);
+    let n = limits::BUFFER_ALL_MAX as i64 + 2;
+    for k in 1..=n {
+        sim.fire_due(T0 + k * 1000);
+    }
+    assert_eq!(sim.job("a").queued.len(), limits::BUFFER_ALL_MAX);
+    let last = sim.run(&rid("a", T0 + n * 1000));
+    assert_eq!(last.state, RunState::Skipped);
+    assert!(last.note.contains("already wait"), "{}", last.note);
+    // Changing the policy away from buffer-all drops the queue, recorded.
+    sim.exec(update(
+        concurrent("a", Overlap::Forbid, None),
+        0,
+        T0 + n * 1000 + 1,
+    ));
+    assert!(sim.job("a").queued.is_empty());
+    assert_eq!(sim.run(&rid("a", T0 + 2000)).state, RunState::Skipped);
+    let refused = sim.exec(Command::create_job(
+        concurrent("b", Overlap::Allow, Some(0)),
+        T0,
+    ));
+    assert_eq!(
+        invalid_msg(&refused),
+        "max_concurrent: must be between 1 and 4096, got 0"
+    );
+    for cmd in [
+        Command::create_job(concurrent("c", Overlap::BufferAll, None), T0),
+        Command::create_job(concurrent("c", Overlap::Allow, Some(3)), T0),
+    ] {
+        assert_eq!(cmd.min_format(), 3, "{cmd:?}");
+    }
+}
