@@ -225,7 +225,9 @@ async fn bad_finishes_are_refused_in_the_ack_and_the_stream_stays_healthy() {
     let cases = [
         (
             finish(&a.run_id, a.attempt, big),
-            "finish.result: at most 524288 bytes, got 524289".to_string(),
+            "finish.result: at most 524288 bytes, got 524289; pass a reference (an \
+             object-storage path) to a bigger output"
+                .to_string(),
         ),
         (
             finish("nope@123", 1, vec![]),

@@ -1625,7 +1625,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn finish(&mut self, r: &FinishReport) -> Result<(), CommandError> {
         if r.result.len() > limits::RESULT_MAX_BYTES {
             return Err(CommandError::Invalid(format!(
-                "result: at most {} bytes, got {}",
+                "result: at most {} bytes, got {}; pass a reference (an object-storage path) \
+                 to a bigger output",
                 limits::RESULT_MAX_BYTES,
                 r.result.len()
             )));

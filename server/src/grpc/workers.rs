@@ -263,7 +263,8 @@ async fn finish(node: &Node, worker: &str, f: &pb::Finish) -> pb::FinishAck {
     };
     if f.result.len() > limits::RESULT_MAX_BYTES {
         return refuse(format!(
-            "finish.result: at most {} bytes, got {}",
+            "finish.result: at most {} bytes, got {}; pass a reference (an object-storage \
+             path) to a bigger output",
             limits::RESULT_MAX_BYTES,
             f.result.len()
         ));
