@@ -206,6 +206,8 @@ pub fn job(j: &pb::Job) -> Json {
             "downstream",
             Json::Arr(j.downstream.iter().map(Into::into).collect()),
         ),
+        ("max_concurrent", s.max_concurrent.into()),
+        ("queued_at_ms", j.queued_at_ms.clone().into()),
         ("revision", j.revision.into()),
         ("created_at_ms", j.created_at_ms.into()),
         ("updated_at_ms", j.updated_at_ms.into()),

@@ -194,7 +194,7 @@ async function jobPage(id) {
     ["revision", j.revision], ["created", time(j.created_at_ms)], ["updated", time(j.updated_at_ms)],
     ["misfire", j.misfire + " (grace " + j.misfire_grace_ms + " ms)"], ["timeout", j.timeout_ms + " ms"],
     ["attempts", j.max_attempts + " (backoff " + j.backoff_ms + " ms)"], ["priority", j.priority],
-    ["overlap", j.overlap], ["route", j.route], ["job labels", JSON.stringify(j.job_labels)], ["route labels", JSON.stringify(j.labels)],
+    ["overlap", j.overlap + (j.max_concurrent ? " (max " + j.max_concurrent + " concurrent)" : "") + (j.queued_at_ms.length ? ", " + j.queued_at_ms.length + " queued" : "")], ["route", j.route], ["job labels", JSON.stringify(j.job_labels)], ["route labels", JSON.stringify(j.labels)],
     ["bounds", [j.start_at_ms ? "from " + time(j.start_at_ms) : "", j.end_at_ms ? "until " + time(j.end_at_ms) : "", j.max_runs ? "max " + j.max_runs + " runs" : ""].filter(x => x).join(", ") || "-"],
     ["fired", j.fired_count],
     ["shards", j.shards ?? "-"], ["broadcast", j.broadcast], ["payload", j.payload_bytes + " bytes"],
