@@ -114,7 +114,16 @@ mod tests {
         state.insert(LEGACY_KEY, encode(&7u32)).unwrap();
         db.flush().unwrap();
         drop((state, db));
-        let e = check_or_create(dir.path()).unwrap_err().to_string();
+        // sled's flusher thread may hold the directory's lock a moment after
+        // the last handle went (a process that exits releases it at once).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let e = loop {
+            let e = check_or_create(dir.path()).unwrap_err().to_string();
+            if !e.contains("could not acquire lock") || std::time::Instant::now() > deadline {
+                break e;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         let want = format!(
             "has format version 7, older than {}",
             keys::STATE_VERSION_OLDEST
