@@ -678,3 +678,35 @@ pub async fn add_learner(
     })
     .await
 }
+
+/// A `kairosctl worker --group GROUP --exec shell` process against
+/// `cluster`, killed when dropped.
+pub struct ShellWorker(Child);
+
+impl ShellWorker {
+    pub fn start(cluster: &Cluster, group: &str) -> ShellWorker {
+        let endpoints = cluster.endpoints().join(",");
+        let child = Command::new(kairosctl_bin())
+            .args([
+                "--endpoints",
+                &endpoints,
+                "worker",
+                "--group",
+                group,
+                "--exec",
+                "shell",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn kairosctl worker");
+        ShellWorker(child)
+    }
+}
+
+impl Drop for ShellWorker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use kairos_tests::{wait_for, Cluster};
+use kairos_tests::{wait_for, Cluster, ShellWorker};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -314,36 +314,11 @@ async fn a_preview_marks_the_occurrences_a_dst_change_moves() {
     );
 }
 
-/// A `kairosctl worker --exec shell` process, killed on drop.
-struct ShellWorker(std::process::Child);
-
-impl Drop for ShellWorker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buffer_all_runs_every_overlapping_occurrence_one_at_a_time_in_order() {
     let cluster = Cluster::start(1, &[]);
     cluster.wait_leader().await;
-    let _w = ShellWorker(
-        std::process::Command::new(kairos_tests::kairosctl_bin())
-            .args([
-                "--endpoints",
-                &cluster.endpoints().join(","),
-                "worker",
-                "--group",
-                "g",
-                "--exec",
-                "shell",
-            ])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _w = ShellWorker::start(&cluster, "g");
     refused(
         &cluster,
         &create_args("bad", "1s", &["--max-concurrent", "0"]),

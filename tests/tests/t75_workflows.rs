@@ -4,12 +4,11 @@
 //! upstream results; and the README's extract → transform → report with the
 //! shell worker, a failure, a blocked state and a manual retry.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use kairos_client::worker::{Outcome, Task, Worker};
 use kairos_client::{pb, Client};
-use kairos_tests::{create, every_job, kairosctl_bin, wait_for, Cluster};
+use kairos_tests::{create, every_job, wait_for, Cluster, ShellWorker};
 use serde_json::Value;
 
 fn downstream(id: &str, group: &str, ups: &[&str]) -> pb::JobSpec {
@@ -110,16 +109,6 @@ async fn a_diamond_run_created_before_a_leader_kill_runs_once_on_the_next_leader
     assert!(nodes.iter().all(|n| &n.state_digest == digest), "{nodes:?}");
 }
 
-/// A `kairosctl worker --exec shell` process, killed on drop.
-struct ShellWorker(Child);
-
-impl Drop for ShellWorker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn ok(cluster: &Cluster, args: &[&str]) -> String {
     let (ok, out) = cluster.kairosctl(args);
     assert!(ok, "kairosctl {args:?}: {out}");
@@ -154,22 +143,7 @@ async fn extract_transform_report_pass_results_with_the_shell_worker_and_a_retry
     cluster.wait_leader().await;
     let dir = tempfile::tempdir().unwrap();
     let flag = dir.path().join("report-may-run");
-    let _w = ShellWorker(
-        Command::new(kairosctl_bin())
-            .args([
-                "--endpoints",
-                &cluster.endpoints().join(","),
-                "worker",
-                "--group",
-                "etl",
-                "--exec",
-                "shell",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _w = ShellWorker::start(&cluster, "etl");
     ok(
         &cluster,
         &[
@@ -272,22 +246,7 @@ async fn extract_transform_report_pass_results_with_the_shell_worker_and_a_retry
 async fn a_blocked_downstream_says_which_upstream_blocks_it_and_upstreams_in_use_are_not_deleted() {
     let cluster = Cluster::start(1, &[]);
     cluster.wait_leader().await;
-    let _w = ShellWorker(
-        Command::new(kairosctl_bin())
-            .args([
-                "--endpoints",
-                &cluster.endpoints().join(","),
-                "worker",
-                "--group",
-                "g",
-                "--exec",
-                "shell",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _w = ShellWorker::start(&cluster, "g");
     ok(
         &cluster,
         &[
