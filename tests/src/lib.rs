@@ -406,6 +406,21 @@ impl Cluster {
         outcome(&out)
     }
 
+    /// Runs `kairosctl --output json ARGS`, expects success and parses its output.
+    pub fn kairosctl_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = vec!["--output", "json"];
+        all.extend_from_slice(args);
+        let (ok, out) = self.kairosctl(&all);
+        assert!(ok, "kairosctl {args:?}: {out}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+
+    /// Runs `kairosctl ARGS` and expects a refusal that says `why`.
+    pub fn kairosctl_refused(&self, args: &[&str], why: &str) {
+        let (ok, out) = self.kairosctl(args);
+        assert!(!ok && out.contains(why), "kairosctl {args:?}: {out}");
+    }
+
     /// Waits until a leader is elected and every live node reports it; returns its id.
     pub async fn wait_leader(&self) -> u64 {
         let c = self.client();

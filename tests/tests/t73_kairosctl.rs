@@ -15,20 +15,6 @@ use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn json(cluster: &Cluster, args: &[&str]) -> Value {
-    let mut all = vec!["--output", "json"];
-    all.extend_from_slice(args);
-    let (ok, out) = cluster.kairosctl(&all);
-    assert!(ok, "kairosctl {args:?}: {out}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-/// `kairosctl ARGS` fails, and says `why`.
-fn refused(cluster: &Cluster, args: &[&str], why: &str) {
-    let (ok, out) = cluster.kairosctl(args);
-    assert!(!ok && out.contains(why), "kairosctl {args:?}: {out}");
-}
-
 fn run_ids(v: &Value) -> Vec<String> {
     let runs = v.as_array().expect("an array of runs");
     runs.iter()
@@ -100,56 +86,39 @@ async fn runs_across_jobs_filter_by_group_state_and_since_page_by_page() {
     };
 
     // Across jobs, in (job, scheduled time) order: "bad" sorts before "ok" (same length).
-    let failed_ga = json(
-        &cluster,
-        &[
-            "runs", "list", "--group", "ga", "--state", "failed", "--limit", "100000",
-        ],
-    );
+    let failed_ga = cluster.kairosctl_json(&[
+        "runs", "list", "--group", "ga", "--state", "failed", "--limit", "100000",
+    ]);
     let want = ids_where(&|r| r.job == "bad" && r.state == pb::RunState::Failed as i32);
     assert!(want.len() >= 3);
     assert_eq!(run_ids(&failed_ga), want);
-    let gb = json(
-        &cluster,
-        &[
-            "runs",
-            "list",
-            "--group",
-            "gb",
-            "--state",
-            "succeeded,failed",
-            "--limit",
-            "100000",
-        ],
-    );
+    let gb = cluster.kairosctl_json(&[
+        "runs",
+        "list",
+        "--group",
+        "gb",
+        "--state",
+        "succeeded,failed",
+        "--limit",
+        "100000",
+    ]);
     let want = ids_where(&|r| r.job == "other" && r.state == pb::RunState::Succeeded as i32);
     assert!(!want.is_empty());
     assert_eq!(run_ids(&gb), want);
-    let everything = json(
-        &cluster,
-        &["runs", "list", "--since", "1h", "--limit", "100000"],
-    );
+    let everything =
+        cluster.kairosctl_json(&["runs", "list", "--since", "1h", "--limit", "100000"]);
     let mut want = ids_where(&|_| true);
     want.sort_by_key(|id| {
         let r = all.iter().find(|r| &r.run_id == id).unwrap();
         (r.job.len(), r.job.clone(), r.scheduled_at_ms, r.shard)
     });
     assert_eq!(run_ids(&everything), want);
-    let future = json(
-        &cluster,
-        &["runs", "list", "--since", "2099-01-01T00:00:00Z"],
-    );
+    let future = cluster.kairosctl_json(&["runs", "list", "--since", "2099-01-01T00:00:00Z"]);
     assert_eq!(run_ids(&future), Vec::<String>::new());
-    let none = json(
-        &cluster,
-        &["runs", "list", "--job", "bad", "--state", "succeeded"],
-    );
+    let none = cluster.kairosctl_json(&["runs", "list", "--job", "bad", "--state", "succeeded"]);
     assert_eq!(run_ids(&none), Vec::<String>::new());
     // With a job and no filter: that job's runs, as before.
-    let bad = json(
-        &cluster,
-        &["runs", "list", "--job", "bad", "--limit", "100000"],
-    );
+    let bad = cluster.kairosctl_json(&["runs", "list", "--job", "bad", "--limit", "100000"]);
     assert_eq!(run_ids(&bad), ids_where(&|r| r.job == "bad"));
     let (ok, table) = cluster.kairosctl(&["runs", "list", "--group", "ga", "--state", "failed"]);
     assert!(
@@ -231,16 +200,8 @@ async fn runs_across_jobs_filter_by_group_state_and_since_page_by_page() {
             "{why}: {e:?}"
         );
     }
-    refused(
-        &cluster,
-        &["runs", "list", "--since", "5x"],
-        "--since \"5x\"",
-    );
-    refused(
-        &cluster,
-        &["runs", "list", "--state", "done"],
-        "invalid value 'done'",
-    );
+    cluster.kairosctl_refused(&["runs", "list", "--since", "5x"], "--since \"5x\"");
+    cluster.kairosctl_refused(&["runs", "list", "--state", "done"], "invalid value 'done'");
 }
 
 /// The service names reflection version `$v` (a module of
@@ -298,7 +259,7 @@ async fn reflection_answers_in_v1_and_v1alpha() {
 
 /// The job as `job get --output json` shows it.
 fn get(cluster: &Cluster, id: &str) -> Value {
-    json(cluster, &["job", "get", id])[0].clone()
+    cluster.kairosctl_json(&["job", "get", id])[0].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -445,8 +406,7 @@ async fn job_get_update_and_long_ids_in_tables() {
 
     // A stale revision is refused, by the client's check and by the server's
     // compare-and-set (--replace sends it as is), and changes nothing.
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &["job", "update", "j", "--revision", "1", "--priority", "9"],
         "not 1: it changed since",
     );
@@ -464,11 +424,7 @@ async fn job_get_update_and_long_ids_in_tables() {
     ]);
     assert!(!ok && out.contains("revision"), "{out}");
     assert_eq!(get(&cluster, "j")["revision"], 3);
-    refused(
-        &cluster,
-        &["job", "update", "ghost", "--priority", "9"],
-        "not found",
-    );
+    cluster.kairosctl_refused(&["job", "update", "ghost", "--priority", "9"], "not found");
 
     // --replace: flags not given take their defaults.
     let (ok, out) = cluster.kairosctl(&[
@@ -509,7 +465,7 @@ async fn apply_is_idempotent_and_export_round_trips_in_every_format() {
         ok && out == "created a (dry run)\ncreated b (dry run)\n",
         "{out}"
     );
-    refused(&cluster, &["job", "get", "a"], "not found");
+    cluster.kairosctl_refused(&["job", "get", "a"], "not found");
     let (ok, out) = cluster.kairosctl(&["job", "apply", "-f", path]);
     assert!(ok && out == "created a\ncreated b\n", "{out}");
     let (ok, out) = cluster.kairosctl(&["job", "apply", "-f", path]);
@@ -576,20 +532,18 @@ async fn apply_is_idempotent_and_export_round_trips_in_every_format() {
     ];
     for (text, why) in bad {
         std::fs::write(&file, text).unwrap();
-        refused(&cluster, &["job", "apply", "-f", path], why);
-        refused(&cluster, &["job", "get", "new1"], "not found");
+        cluster.kairosctl_refused(&["job", "apply", "-f", path], why);
+        cluster.kairosctl_refused(&["job", "get", "new1"], "not found");
     }
     let big = dir.path().join("big.json");
     std::fs::write(&big, vec![b' '; 5 << 20]).unwrap();
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &["job", "apply", "-f", big.to_str().unwrap()],
         "at most 4194304 bytes",
     );
     let odd = dir.path().join("jobs.ini");
     std::fs::write(&odd, "").unwrap();
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &["job", "apply", "-f", odd.to_str().unwrap()],
         "unknown format",
     );

@@ -11,14 +11,6 @@ use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn json(cluster: &Cluster, args: &[&str]) -> Value {
-    let mut all = vec!["--output", "json"];
-    all.extend_from_slice(args);
-    let (ok, out) = cluster.kairosctl(&all);
-    assert!(ok, "kairosctl {args:?}: {out}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
 /// `job create ID --every EVERY --group g` and `extra` flags.
 fn create_args<'a>(id: &'a str, every: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["job", "create", id, "--every", every, "--group", "g"];
@@ -32,14 +24,8 @@ fn run(cluster: &Cluster, args: &[&str]) {
     assert!(ok, "kairosctl {args:?}: {out}");
 }
 
-/// Runs kairosctl and expects a refusal that says `want`.
-fn refused(cluster: &Cluster, args: &[&str], want: &str) {
-    let (ok, out) = cluster.kairosctl(args);
-    assert!(!ok && out.contains(want), "kairosctl {args:?}: {out}");
-}
-
 fn job(cluster: &Cluster, id: &str) -> Value {
-    json(cluster, &["job", "get", id])[0].clone()
+    cluster.kairosctl_json(&["job", "get", id])[0].clone()
 }
 
 fn ids(v: &Value) -> Vec<String> {
@@ -89,13 +75,11 @@ async fn max_runs_and_end_at_finish_jobs_and_a_pause_note_is_shown() {
     assert!(runs.iter().all(|r| r.scheduled_at_ms <= end), "{runs:?}");
 
     // Refusals name the field and the rule, and create nothing.
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &create_args("bad", "1s", &["--max-runs", "0"]),
         "max_runs: must be between 1 and 1000000000",
     );
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &create_args(
             "bad",
             "1s",
@@ -126,8 +110,7 @@ async fn max_runs_and_end_at_finish_jobs_and_a_pause_note_is_shown() {
     );
     assert!(j["paused_at_ms"].as_i64().unwrap() > 0, "{j}");
     let long = "x".repeat(1025);
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &["job", "pause", "tick", "--note", &long],
         "note: at most 1024 bytes, got 1025",
     );
@@ -167,7 +150,7 @@ async fn cluster_pause_holds_across_a_leader_kill_and_resume_applies_the_misfire
     cluster.kill(leader);
     let new_leader = cluster.wait_leader().await;
     assert_ne!(new_leader, leader);
-    let status = json(&cluster, &["cluster", "status"]);
+    let status = cluster.kairosctl_json(&["cluster", "status"]);
     assert_eq!(status["firing"]["paused"], true, "{status}");
     assert_eq!(status["firing"]["note"], "incident 7", "{status}");
 
@@ -187,7 +170,7 @@ async fn cluster_pause_holds_across_a_leader_kill_and_resume_applies_the_misfire
         async move { (created > due + 1000).then_some(()) }
     })
     .await;
-    refused(&cluster, &["job", "trigger", "beat"], "firing is paused");
+    cluster.kairosctl_refused(&["job", "trigger", "beat"], "firing is paused");
     assert_eq!(c.list_runs("beat", 1000).await.unwrap().len(), fired_before);
 
     let (ok, out) = cluster.kairosctl(&["cluster", "resume"]);
@@ -199,7 +182,7 @@ async fn cluster_pause_holds_across_a_leader_kill_and_resume_applies_the_misfire
     })
     .await;
     assert!(coalesced.scheduled_at_ms >= due, "{coalesced:?}");
-    let status = json(&cluster, &["cluster", "status"]);
+    let status = cluster.kairosctl_json(&["cluster", "status"]);
     assert_eq!(status["firing"]["paused"], false, "{status}");
 }
 
@@ -238,7 +221,7 @@ async fn job_list_filters_by_labels_state_group_and_prefix_across_pages() {
     let list = |args: &[&str]| {
         let mut all = vec!["job", "list", "--page-size", "2"];
         all.extend_from_slice(args);
-        ids(&json(&cluster, &all))
+        ids(&cluster.kairosctl_json(&all))
     };
     assert_eq!(
         list(&["--selector", "team=web"]),
@@ -259,13 +242,11 @@ async fn job_list_filters_by_labels_state_group_and_prefix_across_pages() {
     let j = job(&cluster, "web-1");
     assert_eq!(j["labels"]["team"], "web", "{j}");
 
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &["job", "list", "--selector", "team"],
         "selector: \"team\" is not key=value",
     );
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &create_args("bad", "1h", &["--label=-x=y"]),
         "job_labels (key)",
     );
@@ -319,8 +300,7 @@ async fn buffer_all_runs_every_overlapping_occurrence_one_at_a_time_in_order() {
     let cluster = Cluster::start(1, &[]);
     cluster.wait_leader().await;
     let _w = ShellWorker::start(&cluster, "g");
-    refused(
-        &cluster,
+    cluster.kairosctl_refused(
         &create_args("bad", "1s", &["--max-concurrent", "0"]),
         "max_concurrent: must be between 1 and 4096, got 0",
     );
@@ -340,7 +320,7 @@ async fn buffer_all_runs_every_overlapping_occurrence_one_at_a_time_in_order() {
     .await;
     assert!(queued <= 256);
     wait_for("5 runs to succeed", WAIT, || async {
-        let runs = json(&cluster, &["runs", "list", "--job", "q"]);
+        let runs = cluster.kairosctl_json(&["runs", "list", "--job", "q"]);
         let done = runs
             .as_array()?
             .iter()
@@ -350,7 +330,7 @@ async fn buffer_all_runs_every_overlapping_occurrence_one_at_a_time_in_order() {
     })
     .await;
     run(&cluster, &["job", "pause", "q"]);
-    let runs = json(&cluster, &["runs", "list", "--job", "q"]);
+    let runs = cluster.kairosctl_json(&["runs", "list", "--job", "q"]);
     let done: Vec<&Value> = runs
         .as_array()
         .unwrap()
