@@ -199,7 +199,11 @@ async fn a_pipelined_client_gets_every_answer_in_its_place() {
             (EXISTING, Err(s)) => assert_eq!(s.code(), Code::AlreadyExists, "{s:?}"),
             (_, Ok(job)) => {
                 let id = job.spec.as_ref().map(|s| s.id.as_str());
-                assert_eq!(id, Some(format!("p-{i}").as_str()), "answer {i} out of place");
+                assert_eq!(
+                    id,
+                    Some(format!("p-{i}").as_str()),
+                    "answer {i} out of place"
+                );
             }
             (_, Err(s)) => panic!("p-{i}: {s:?}"),
         }

@@ -217,6 +217,12 @@ pub struct ServeArgs {
     /// it is refused, unwritten.
     #[arg(long, env = "KAIROS_ADMIT_MAX_WAIT_MS", default_value_t = Bounds::default().max_wait_ms)]
     admit_max_wait_ms: u64,
+    /// Client writes admitted whatever the log backlog while fewer are in
+    /// flight (0..admit-max-commands; default 16, or admit-max-commands if
+    /// smaller), so writes keep a share of the log when committed fires alone
+    /// keep it past the bounds.
+    #[arg(long, env = "KAIROS_ADMIT_RESERVE")]
+    admit_reserve: Option<usize>,
     /// Log lines as `text` (human) or `json` (one object per line, with the
     /// `run` span's fields: run, attempt, job, group, worker).
     #[arg(long, env = "KAIROS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -357,6 +363,8 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
         max_backlog: a.admit_max_backlog,
         max_backlog_ms: a.admit_max_backlog_ms,
         max_wait_ms: a.admit_max_wait_ms,
+        reserve: (a.admit_reserve)
+            .unwrap_or_else(|| Bounds::default().reserve.min(a.admit_max_commands)),
     };
     if let Some(f) = &a.auth_token_file {
         let secret = std::fs::read_to_string(f)
