@@ -43,6 +43,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     r.set("timers_requested", count);
     r.set("timers_created", cs.ok + cs.existed);
     r.set("create_failures", cs.failed);
+    r.set("creates_refused_after_retries", cs.refused);
     r.set("create_skipped_time_limit", cs.skipped);
     r.set("create_s", cs.elapsed.as_secs_f64());
     r.set("creates_per_s", cs.per_s());
