@@ -132,7 +132,10 @@ pub struct Flush(SdkTracerProvider);
 
 impl Flush {
     pub fn shutdown(self) {
-        if let Err(e) = self.0.shutdown_with_timeout(Duration::from_millis(SHUTDOWN_MS)) {
+        if let Err(e) = self
+            .0
+            .shutdown_with_timeout(Duration::from_millis(SHUTDOWN_MS))
+        {
             tracing::warn!("span export did not finish at shutdown: {e}");
         }
     }
@@ -234,9 +237,17 @@ mod tests {
     #[test]
     fn an_endpoint_must_be_plain_http_with_a_host() {
         assert_eq!(export("http://127.0.0.1:4317", "kairos").validate(), Ok(()));
-        for bad in ["https://collector:4317", "127.0.0.1:4317", "http://", "http:///x"] {
+        for bad in [
+            "https://collector:4317",
+            "127.0.0.1:4317",
+            "http://",
+            "http:///x",
+        ] {
             let e = export(bad, "kairos").validate().unwrap_err();
-            assert!(e.starts_with("--otlp-endpoint") && e.contains("http://HOST:PORT"), "{e}");
+            assert!(
+                e.starts_with("--otlp-endpoint") && e.contains("http://HOST:PORT"),
+                "{e}"
+            );
         }
         let long = format!("http://{}", "h".repeat(ENDPOINT_MAX));
         assert!(export(&long, "kairos").validate().is_err());

@@ -2,7 +2,8 @@
 //! process (the OTLP TraceService over real gRPC) receives the fire,
 //! dispatch and finish spans of one run, with its fields and the node that
 //! led, flushed by the graceful stop; with no collector listening the
-//! cluster runs on and counts the spans it drops.
+//! cluster runs on and counts the spans it drops; an endpoint it cannot
+//! use is refused at start.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use kairos_client::pb;
 use kairos_client::worker::{Outcome, Task, Worker};
-use kairos_tests::{create, every_job, free_port, wait_for, Cluster};
+use kairos_tests::{create, every_job, free_port, kairos_bin, outcome, wait_for, Cluster};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -112,7 +113,8 @@ async fn a_runs_spans_reach_the_collector_with_its_fields_flushed_at_shutdown() 
     // Spans go out every hour or per 512: what arrives was flushed by the
     // graceful stop. Node 3 learns the endpoint from the standard variable.
     let mut cluster = Cluster::start_each(3, &["--otlp-service-name", "kairos-t76"], &|n| {
-        n.env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "3600000".into()));
+        n.env
+            .push(("OTEL_BSP_SCHEDULE_DELAY".into(), "3600000".into()));
         match n.id {
             3 => n
                 .env
@@ -168,7 +170,11 @@ async fn a_runs_spans_reach_the_collector_with_its_fields_flushed_at_shutdown() 
             ("service.instance.id", node.as_str()),
         ];
         for (k, v) in resource {
-            assert_eq!(s.resource.get(k).map(String::as_str), Some(v), "{k}: {s:#?}");
+            assert_eq!(
+                s.resource.get(k).map(String::as_str),
+                Some(v),
+                "{k}: {s:#?}"
+            );
         }
     }
     // The client write that created the job, on the leader.
@@ -203,11 +209,38 @@ async fn with_no_collector_runs_go_on_and_the_dropped_spans_are_counted() {
     .await;
     // Fire, dispatch and finish of three runs at least, none sent.
     let dropped = "kairos_otel_spans_dropped_total";
-    wait_for("the dropped spans counted", Duration::from_secs(30), || async {
-        (cluster.metric(leader, dropped)? >= 9.0).then_some(())
-    })
+    wait_for(
+        "the dropped spans counted",
+        Duration::from_secs(30),
+        || async { (cluster.metric(leader, dropped)? >= 9.0).then_some(()) },
+    )
     .await;
     // Said once in the log, not once per batch.
     let log = std::fs::read_to_string(cluster.node(leader).data.with_extension("log")).unwrap();
     assert_eq!(log.matches("span export failed").count(), 1, "{log}");
+}
+
+#[test]
+fn an_endpoint_other_than_plain_http_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(kairos_bin())
+        .args([
+            "serve",
+            "--otlp-endpoint",
+            "https://collector:4317",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("d"))
+        .output()
+        .expect("run kairos");
+    let (ok, text) = outcome(&out);
+    assert!(
+        !ok && text
+            .contains("--otlp-endpoint \"https://collector:4317\": must be http://HOST:PORT"),
+        "{text}"
+    );
+    assert!(
+        !dir.path().join("d").exists(),
+        "nothing was created: {text}"
+    );
 }

@@ -259,7 +259,10 @@ enum LogFormat {
 /// says (the exporter's own traffic is never traced); without one no
 /// exporter layer is installed. Call inside the runtime (the exporter's
 /// channel lives there).
-fn init_logging(format: LogFormat, otlp: Option<&otel::Export>) -> anyhow::Result<Option<otel::Flush>> {
+fn init_logging(
+    format: LogFormat,
+    otlp: Option<&otel::Export>,
+) -> anyhow::Result<Option<otel::Flush>> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{filter, fmt, Layer};
@@ -269,7 +272,11 @@ fn init_logging(format: LogFormat, otlp: Option<&otel::Export>) -> anyhow::Resul
     let logs = fmt::layer().with_writer(std::io::stderr);
     let logs = match format {
         LogFormat::Text => logs.with_filter(filter).boxed(),
-        LogFormat::Json => logs.json().with_current_span(true).with_filter(filter).boxed(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_filter(filter)
+            .boxed(),
     };
     let logging = tracing_subscriber::registry().with(logs);
     let Some(export) = otlp else {
