@@ -585,6 +585,18 @@ pub fn every_job(id: &str, group: &str, every_ms: u64) -> pb::JobSpec {
     }
 }
 
+/// A one-shot job due 100 ms after it is created.
+pub fn once_job(id: &str, group: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        schedule: Some(pb::Schedule {
+            kind: Some(pb::schedule::Kind::AfterMs(100)),
+        }),
+        group: group.into(),
+        ..Default::default()
+    }
+}
+
 pub async fn create(c: &Client, spec: pb::JobSpec) -> Result<pb::Job, tonic::Status> {
     let req = pb::CreateJobRequest { spec: Some(spec) };
     c.jobs(|mut j| {

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use kairos_client::pb;
 use kairos_client::worker::{Outcome, Task, Worker};
-use kairos_tests::{create, every_job, free_port, kairos_bin, outcome, wait_for, Cluster};
+use kairos_tests::{
+    create, every_job, free_port, kairos_bin, once_job, outcome, wait_for, Cluster,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -82,17 +84,6 @@ async fn start_collector() -> (String, Collector) {
     (url, collector)
 }
 
-fn one_shot(id: &str, group: &str) -> pb::JobSpec {
-    pb::JobSpec {
-        id: id.into(),
-        schedule: Some(pb::Schedule {
-            kind: Some(pb::schedule::Kind::AfterMs(100)),
-        }),
-        group: group.into(),
-        ..Default::default()
-    }
-}
-
 fn start_worker(cluster: &Cluster, group: &str, id: &str) -> tokio::task::JoinHandle<()> {
     let worker = Worker::connect(cluster.endpoints(), group).id(id);
     tokio::spawn(async move {
@@ -125,7 +116,7 @@ async fn a_runs_spans_reach_the_collector_with_its_fields_flushed_at_shutdown() 
     let leader = cluster.wait_leader().await;
     let c = cluster.client();
     let worker = start_worker(&cluster, "otel", "w-otel");
-    create(&c, one_shot("traced", "otel")).await.unwrap();
+    create(&c, once_job("traced", "otel")).await.unwrap();
     let run = wait_for("the run to succeed", Duration::from_secs(60), || async {
         let runs = c.list_runs("traced", 1).await.ok()?;
         (succeeded(&runs) == 1).then(|| runs[0].clone())
