@@ -224,7 +224,7 @@ pub struct ServeArgs {
     #[arg(long, env = "KAIROS_ADMIT_RESERVE")]
     admit_reserve: Option<usize>,
     /// Log lines as `text` (human) or `json` (one object per line, with the
-    /// `run` span's fields: run, attempt, job, group, worker).
+    /// run step's span and its fields: run, attempt, job, group, worker).
     #[arg(long, env = "KAIROS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Export spans (fire, retry, dispatch, finish of each run; client
