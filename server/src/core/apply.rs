@@ -1634,6 +1634,17 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let Some(mut run) = self.live_attempt(&r.run, r.attempt)? else {
             return Ok(());
         };
+        if run.state == RunState::Pending {
+            // A fast worker's finish can commit before the leader's batched
+            // Assign (which then finds the run ended and does nothing): the
+            // finish is what shows the attempt was handed out.
+            self.effects.push(Effect::Assigned {
+                run: run.id.clone(),
+                attempt: run.attempt,
+                group: run.group.clone(),
+                worker: r.worker.clone(),
+            });
+        }
         run.worker = r.worker.clone();
         run.received_at_ms = r.received_at_ms;
         run.result = r.result.clone();
