@@ -13,6 +13,7 @@
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::backfill;
 use super::codec::{decode, encode};
 use super::command::{Command, CommandError, FinishReport, Response};
 use super::keys;
@@ -43,6 +44,9 @@ pub enum Effect {
     Misfired { group: String, policy: Misfire },
     /// Firing resumed cluster-wide: the leader reloads its wheel from state.
     FiringResumed,
+    /// A backfill created the occurrence of this (shard-0) run: its
+    /// lateness is chosen, not a delay, so the leader does not count it.
+    Backfilled(RunId),
     /// A job was created, changed, deleted, paused or resumed (for watchers;
     /// `group` is the job's group after the change).
     JobChanged {
@@ -141,7 +145,9 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::RestorePairs { now_ms, .. }
         | Command::Housekeep { now_ms, .. }
         | Command::PauseFiring { now_ms, .. }
-        | Command::ResumeFiring { now_ms } => *now_ms,
+        | Command::ResumeFiring { now_ms }
+        | Command::StartBackfill { now_ms, .. }
+        | Command::CancelBackfill { now_ms, .. } => *now_ms,
         Command::Dedup { command, .. }
         | Command::Authored { command, .. }
         | Command::SpecExtended { command, .. } => command_time(command),
@@ -263,6 +269,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             Command::Housekeep { max_deletes, .. } => self.housekeep(*max_deletes),
             Command::PauseFiring { note, .. } => self.pause_firing(note).map(Response::Firing),
             Command::ResumeFiring { .. } => Ok(Response::Firing(self.resume_firing())),
+            Command::StartBackfill {
+                id,
+                from_ms,
+                to_ms,
+                overlap,
+                ..
+            } => self
+                .start_backfill(id, *from_ms, *to_ms, *overlap)
+                .map(Response::Job),
+            Command::CancelBackfill { id, .. } => self.cancel_backfill(id).map(Response::Job),
             Command::Authored { actor, command } => {
                 if matches!(
                     **command,
@@ -369,6 +385,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 keys::RETENTION_DUE => keys::retention_job_from(k).is_some(),
                 keys::DOWNSTREAM => keys::downstream_from(k).is_some(),
                 keys::RUN_INPUTS => decode::<Vec<(String, RunId)>>(v).is_ok(),
+                keys::RUN_BACKFILL => decode::<(i64, i64)>(v).is_ok(),
                 _ => keys::wheel_from(k).is_some(),
             };
             if !ok {
@@ -647,6 +664,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             cycle: Cycle::default(),
             max_concurrent: spec.max_concurrent,
             queued: Vec::new(),
+            backfill: None,
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now)?;
@@ -733,6 +751,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.unlink_upstreams(&job);
         self.set_next(&mut job, None);
+        self.set_backfill_step(&mut job, None);
         self.cancel_active_runs(&mut job, "job deleted");
         self.set_retention_due(&mut job, None);
         if job.history_len > 0 {
@@ -933,6 +952,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 Ok(true)
             }
             EntryKind::Retry => Ok(self.fire_retry(&key.run_id(), key.fire_at_ms)),
+            EntryKind::Backfill => Ok(self.backfill_step(&key.job, key.fire_at_ms)),
         }
     }
 
@@ -1116,6 +1136,13 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 }
             }
         }
+        self.create_runs(job, scheduled, note);
+    }
+
+    /// Creates the occurrence's runs, one per shard, whatever else runs
+    /// (the caller applied its overlap policy); past `ACTIVE_RUNS_MAX` the
+    /// occurrence is recorded skipped instead.
+    fn create_runs(&mut self, job: &mut Job, scheduled: i64, note: String) {
         let shards = self.fanout(job);
         if job.active_runs.saturating_add(shards) > limits::ACTIVE_RUNS_MAX {
             let note = format!(
@@ -1202,6 +1229,144 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
         }
         self.put_job(&job);
+    }
+
+    // ------------------------------------------------------------ backfill
+
+    fn start_backfill(
+        &mut self,
+        id: &str,
+        from_ms: i64,
+        to_ms: i64,
+        overlap: BackfillOverlap,
+    ) -> Result<Job, CommandError> {
+        let mut job = self.job(id)?;
+        if let Some(b) = job.backfill.as_ref().filter(|b| b.in_progress()) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} has a backfill in progress ({} of {} occurrences of [{}, {})): \
+                 wait for it or cancel it (kairosctl job backfill {id} --cancel)",
+                b.done(),
+                b.total,
+                b.from_ms,
+                b.to_ms
+            )));
+        }
+        if job.workflow.is_some() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} runs on its upstreams' cycles; a backfill would run it without one"
+            )));
+        }
+        let (first, total) = backfill::plan(&job.schedule, from_ms, to_ms, self.now)?;
+        job.backfill = Some(Backfill {
+            from_ms,
+            to_ms,
+            overlap,
+            schedule: job.schedule.clone(),
+            next_ms: Some(first),
+            total,
+            started: 0,
+            existing: 0,
+            skipped: 0,
+            by: self.actor.to_string(),
+            started_at_ms: self.now,
+            ended_at_ms: None,
+            cancelled: false,
+            step_at_ms: None,
+        });
+        self.set_backfill_step(&mut job, Some(self.now));
+        self.put_job(&job);
+        Ok(job)
+    }
+
+    fn cancel_backfill(&mut self, id: &str) -> Result<Job, CommandError> {
+        let mut job = self.job(id)?;
+        if !job.backfill.as_ref().is_some_and(Backfill::in_progress) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} has no backfill in progress"
+            )));
+        }
+        self.set_backfill_step(&mut job, None);
+        if let Some(b) = job.backfill.as_mut() {
+            b.cancelled = true;
+            b.ended_at_ms = Some(self.now);
+        }
+        self.put_job(&job);
+        Ok(job)
+    }
+
+    /// Moves the backfill's one step entry to `at` (or removes it).
+    fn set_backfill_step(&mut self, job: &mut Job, at: Option<i64>) {
+        let Some(b) = job.backfill.as_mut() else {
+            return;
+        };
+        if let Some(old) = b.step_at_ms.take() {
+            self.o.delete(keys::wheel(&WheelKey::backfill(&job.id, old)));
+        }
+        if let Some(at) = at {
+            b.step_at_ms = Some(at);
+            self.schedule_entry(WheelKey::backfill(&job.id, at));
+        }
+    }
+
+    /// One step: up to `BACKFILL_STEP_OCCURRENCES` occurrences from the
+    /// cursor, in order; the next step follows `BACKFILL_STEP_MS` later
+    /// until the range is done. A paused job's backfill waits. False for a
+    /// stale entry.
+    fn backfill_step(&mut self, id: &str, at_ms: i64) -> bool {
+        let Ok(mut job) = self.job(id) else {
+            return false;
+        };
+        let Some(mut b) = job.backfill.take().filter(|b| b.step_at_ms == Some(at_ms)) else {
+            return false;
+        };
+        b.step_at_ms = None;
+        let mut budget = if job.paused { 0 } else { limits::BACKFILL_STEP_OCCURRENCES };
+        while let (Some(at), true) = (b.next_ms, budget > 0) {
+            if !self.backfill_occurrence(&mut job, &mut b, at) {
+                break;
+            }
+            // A schedule error (none is stored valid and then fails) ends the range.
+            b.next_ms = backfill::next_in(&b.schedule, at, b.to_ms).unwrap_or(None);
+            budget -= 1;
+        }
+        let more = b.next_ms.is_some();
+        if !more {
+            b.ended_at_ms = Some(self.now);
+        }
+        job.backfill = Some(b);
+        let step = self.now.saturating_add(limits::BACKFILL_STEP_MS);
+        self.set_backfill_step(&mut job, more.then_some(step));
+        self.put_job(&job);
+        true
+    }
+
+    /// Creates the backfilled occurrence at `at`, marking its runs; false
+    /// when it must wait for room (overlap `buffer-all`).
+    fn backfill_occurrence(&mut self, job: &mut Job, b: &mut Backfill, at: i64) -> bool {
+        let id = RunId::new(&job.id, at);
+        if self.run_rec(&id).is_some() {
+            b.existing += 1;
+            return true;
+        }
+        let full = job.active_runs >= job.capacity();
+        if full && b.overlap == BackfillOverlap::BufferAll {
+            return false;
+        }
+        let range = format!("backfill [{}, {})", b.from_ms, b.to_ms);
+        if full && b.overlap == BackfillOverlap::Skip {
+            self.record_skipped(job, at, format!("{range}: the job was busy (overlap skip)"));
+        } else {
+            self.create_runs(job, at, range);
+        }
+        match self.run_rec(&id).map(|r| r.state) {
+            Some(RunState::Skipped) => b.skipped += 1,
+            _ => {
+                b.started += 1;
+                self.effects.push(Effect::Backfilled(id.clone()));
+            }
+        }
+        self.put(keys::run_backfill(&id), &(b.from_ms, b.to_ms));
+        true
     }
 
     // ------------------------------------------------------------ workflows
@@ -1443,6 +1608,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 break;
             }
             self.o.delete(keys::run_inputs(&run.id));
+            self.o.delete(keys::run_backfill(&run.id));
             self.o.delete(key);
             job.history_len = job.history_len.saturating_sub(1);
             removed += 1;
@@ -1543,6 +1709,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         for (k, _) in rows {
             if let Some(id) = keys::run_id_from(&k) {
                 self.o.delete(keys::run_inputs(&id));
+                self.o.delete(keys::run_backfill(&id));
             }
             self.o.delete(k);
         }

@@ -28,11 +28,14 @@ pub const DOWNSTREAM: u8 = b'u';
 /// The upstream runs a workflow run consumed, by the run's shard-0 id
 /// (log format 3).
 pub const RUN_INPUTS: u8 = b'i';
+/// The backfill range a run was created by, by the run's shard-0 id (log
+/// format 3). Kept apart from the run record, whose encoding is format 8's.
+pub const RUN_BACKFILL: u8 = b'b';
 /// Present while a restore from a backup is being applied.
 pub const META_RESTORE: &[u8] = b"mrestore_in_progress";
 /// Key spaces a backup restores: the scheduling state and its housekeeping
 /// indexes. Meta, tokens and the dedup table belong to the new cluster.
-pub const RESTORED_SPACES: [u8; 9] = [
+pub const RESTORED_SPACES: [u8; 10] = [
     JOB,
     RUN,
     WHEEL,
@@ -42,6 +45,7 @@ pub const RESTORED_SPACES: [u8; 9] = [
     RETENTION_DUE,
     DOWNSTREAM,
     RUN_INPUTS,
+    RUN_BACKFILL,
 ];
 /// Number of entries in the dedup table.
 pub const META_DEDUP_COUNT: &[u8] = b"mdedup_count";
@@ -178,6 +182,11 @@ pub fn run_inputs(run: &RunId) -> Vec<u8> {
     run_like(RUN_INPUTS, &RunId::new(&run.job, run.scheduled_at_ms))
 }
 
+/// The backfill that created the occurrence of `job` at `scheduled_at_ms`.
+pub fn run_backfill(run: &RunId) -> Vec<u8> {
+    run_like(RUN_BACKFILL, &RunId::new(&run.job, run.scheduled_at_ms))
+}
+
 pub fn deleted_job(id: &str) -> Vec<u8> {
     named(DELETED_JOB, id)
 }
@@ -229,6 +238,7 @@ pub fn wheel_from(key: &[u8]) -> Option<WheelKey> {
     let kind = match *rest.get(8)? {
         1 => EntryKind::Occurrence,
         2 => EntryKind::Retry,
+        3 => EntryKind::Backfill,
         _ => return None,
     };
     let scheduled_at_ms = time_from(rest.get(9..)?)?;

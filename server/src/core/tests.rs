@@ -2205,5 +2205,6 @@ fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
     assert_eq!(last.id, rid("a", T0 + 1000 + n as i64 - 1));
 }
 
+mod backfill;
 mod schedules;
 mod workflows;
