@@ -863,8 +863,13 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.start_run(&mut job, self.now, "manual trigger".to_string());
         self.put_job(&job);
-        self.run_rec(&run_id)
-            .ok_or_else(|| CommandError::RunNotFound(run_id.to_string()))
+        if let Some(run) = self.run_rec(&run_id) {
+            return Ok(run);
+        }
+        // Held by overlap `replace` until the runs it replaces stop: the run
+        // it will be, not stored yet.
+        let note = "manual trigger: starts once the replaced run(s) stop";
+        Ok(self.new_run(&job, run_id, 1, RunState::Pending, note.into()))
     }
 
     // ------------------------------------------------------------ cluster firing pause
@@ -1132,11 +1137,53 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                     return;
                 }
                 Overlap::Replace => {
-                    self.cancel_active_runs(job, &format!("replaced by occurrence {scheduled}"))
+                    let why = format!("replaced by occurrence {scheduled}");
+                    if !self.replace_waits() {
+                        self.cancel_active_runs(job, &why);
+                    } else if self.stop_for_replacement(job, &why) {
+                        if let Some(older) = job.buffered_at_ms.replace(scheduled) {
+                            let note = "overlap replace: superseded by a newer occurrence";
+                            self.record_skipped(job, older, note.into());
+                        }
+                        return;
+                    }
                 }
             }
         }
         self.create_runs(job, scheduled, note);
+    }
+
+    /// Whether `replace` waits for the runs it cancels to stop: since log
+    /// format 3, so every member of a cluster decides it the same way.
+    fn replace_waits(&self) -> bool {
+        query::log_format(&self.o) >= 3
+    }
+
+    /// Whether the job's active runs are being replaced: a `replace`
+    /// occurrence waits (in `buffered_at_ms`) for them to stop.
+    fn being_replaced(&self, job: &Job) -> bool {
+        job.policy.overlap == Overlap::Replace && job.buffered_at_ms.is_some() && self.replace_waits()
+    }
+
+    /// Overlap `replace`: cancels at once the runs no worker holds, and asks
+    /// the workers of running ones to stop. True while some still run: each
+    /// ends when its worker's finish arrives or its lease runs out.
+    fn stop_for_replacement(&mut self, job: &mut Job, why: &str) -> bool {
+        let mut running = false;
+        for run in self.active_runs_of(job) {
+            if run.state != RunState::Running {
+                self.cancel_run(run, why);
+                job.active_runs = job.active_runs.saturating_sub(1);
+                self.after_finish(job, true);
+                continue;
+            }
+            self.effects.push(Effect::Cancel {
+                run: run.id.clone(),
+                attempt: run.attempt,
+            });
+            running = true;
+        }
+        running
     }
 
     /// Creates the occurrence's runs, one per shard, whatever else runs
@@ -1165,29 +1212,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Cancels the job's active runs: at most `ACTIVE_RUNS_MAX`, since no
     /// more are ever started.
     fn cancel_active_runs(&mut self, job: &mut Job, why: &str) {
-        let prefix = keys::active_of(&job.id);
-        let limit = limits::ACTIVE_RUNS_MAX as usize;
-        let active = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
-        for (k, _) in active {
-            let Some(id) = keys::run_id_from(&k) else {
-                continue;
-            };
-            let Some(mut run) = self.run_rec(&id) else {
-                continue;
-            };
-            self.effects.push(Effect::Cancel {
-                run: id.clone(),
-                attempt: run.attempt,
-            });
-            self.effects.push(Effect::Ended {
-                run: id,
-                attempt: run.attempt,
-            });
-            run.state = RunState::Cancelled;
-            run.finished_at_ms = self.now;
-            run.note = why.to_string();
-            self.finished(&run);
-            self.save_run(&run);
+        for run in self.active_runs_of(job) {
+            self.cancel_run(run, why);
         }
         if job.active_runs > 0 {
             self.after_finish(job, true);
@@ -1201,6 +1227,35 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
     }
 
+    /// The job's runs not yet terminal: at most `ACTIVE_RUNS_MAX`, since no
+    /// more are ever started.
+    fn active_runs_of(&self, job: &Job) -> Vec<Run> {
+        let prefix = keys::active_of(&job.id);
+        let limit = limits::ACTIVE_RUNS_MAX as usize;
+        let active = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
+        (active.iter())
+            .filter_map(|(k, _)| self.run_rec(&keys::run_id_from(k)?))
+            .collect()
+    }
+
+    /// Ends an active run as cancelled, telling its worker to stop. The
+    /// caller keeps the job's count.
+    fn cancel_run(&mut self, mut run: Run, why: &str) {
+        self.effects.push(Effect::Cancel {
+            run: run.id.clone(),
+            attempt: run.attempt,
+        });
+        self.effects.push(Effect::Ended {
+            run: run.id.clone(),
+            attempt: run.attempt,
+        });
+        run.state = RunState::Cancelled;
+        run.finished_at_ms = self.now;
+        run.note = why.to_string();
+        self.finished(&run);
+        self.save_run(&run);
+    }
+
     /// A run left the active set: update the job's count and start a buffered occurrence.
     fn end_run(&mut self, run: &Run) {
         self.effects.push(Effect::Ended {
@@ -1210,9 +1265,17 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let Ok(mut job) = self.job(&run.id.job) else {
             return;
         };
+        let replacing = self.being_replaced(&job);
         job.active_runs = job.active_runs.saturating_sub(1);
         self.after_finish(&mut job, true);
-        if job.active_runs < job.capacity() {
+        if replacing {
+            // The replacement starts once every run it replaces has stopped.
+            if let Some(b) = job.buffered_at_ms.filter(|_| job.active_runs == 0) {
+                job.buffered_at_ms = None;
+                let note = "overlap replace: started once the replaced run(s) stopped";
+                self.start_run(&mut job, b, note.into());
+            }
+        } else if job.active_runs < job.capacity() {
             if let Some(b) = job.buffered_at_ms.take() {
                 self.start_run(
                     &mut job,
@@ -1850,7 +1913,17 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     /// Retries with exponential backoff while attempts remain, else ends the run as `last`.
     fn fail_attempt(&mut self, mut run: Run, retryable: bool, last: RunState, jitter_ms: u64) {
-        let policy = self.policy(&run.id.job);
+        let job = self.job(&run.id.job).ok();
+        if job.as_ref().is_some_and(|j| self.being_replaced(j)) {
+            // Its worker stopped it (or its lease ran out) after a replace asked it to.
+            run.note = format!(
+                "replaced: attempt {} stopped ({})",
+                run.attempt,
+                last.as_str()
+            );
+            return self.conclude(run, RunState::Cancelled);
+        }
+        let policy = job.map(|j| j.policy).unwrap_or_default();
         if retryable && run.attempt < policy.max_attempts {
             let exp = run.attempt.saturating_sub(1).min(20);
             let backoff = policy

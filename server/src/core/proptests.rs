@@ -772,7 +772,7 @@ fn check_history(ops: Vec<Op>, reached: &mut Reached) -> Result<(), TestCaseErro
 }
 
 /// Histories of backfills over sane jobs: fires (their steps among the
-/// due keys) and finishes in between, and now and then one with arbitrary
+/// due keys), assignments and finishes in between, in format 3 or not, and now and then one with arbitrary
 /// times (which may move state time out of the others' reach). Kept apart from
 /// `op()`, whose fixed-seed depth thresholds any new arm reshuffles.
 fn backfill_op() -> impl Strategy<Value = Op> {
@@ -791,9 +791,12 @@ fn backfill_op() -> impl Strategy<Value = Op> {
     // Jobs made early, backfilled later over ranges after their creation.
     let created = (sane_job_spec(), 0i64..1000)
         .prop_map(|(s, d)| Op::Raw(Command::create_job(s, T0 + d)));
-    let later = (60_000i64..120_000).prop_map(|d| T0 + d);
-    let start = (prop::sample::select(vec!["a", "b", "c"]), later.clone(), 0i64..30_000, 0i64..60_000)
-        .prop_flat_map(|t| (Just(t), prop::sample::select(BackfillOverlap::ALL.to_vec())))
+    let start = (prop::sample::select(vec!["a", "b", "c"]), later_again(), 0i64..30_000, 0i64..60_000)
+        .prop_flat_map(|t| {
+            // Mostly `allow`: the others wait for, or skip past, busy jobs.
+            let o = [BackfillOverlap::Allow, BackfillOverlap::Allow, BackfillOverlap::Skip, BackfillOverlap::BufferAll];
+            (Just(t), prop::sample::select(o.to_vec()))
+        })
         .prop_map(|((id, now_ms, ago_ms, len_ms), overlap)| {
             let to_ms = now_ms - ago_ms;
             let (from_ms, id) = (to_ms - len_ms, id.to_string());
@@ -803,9 +806,24 @@ fn backfill_op() -> impl Strategy<Value = Op> {
         2 => created,
         3 => start,
         1 => backfill().prop_map(Op::Raw),
-        4 => (later, widths()).prop_map(|(now_ms, widths)| Op::FireDue { now_ms, widths }),
+        // Fires come later still: state time is the largest seen, and a
+        // step falls due at it.
+        4 => ((120_000i64..1_000_000).prop_map(|d| T0 + d), widths())
+            .prop_map(|(now_ms, widths)| Op::FireDue { now_ms, widths }),
         3 => finish,
+        // Format 3 makes overlap `replace` wait for assigned runs to stop.
+        1 => Just(Op::Raw(Command::ActivateLogFormat { format: 3 })),
+        2 => (later_again(), any::<usize>()).prop_map(|(now_ms, pick)| Op::AssignActive {
+            now_ms,
+            pick,
+            worker: "w1".into(),
+        }),
     ]
+}
+
+/// A time after `backfill_op`'s jobs were made.
+fn later_again() -> impl Strategy<Value = i64> {
+    (60_000i64..120_000).prop_map(|d| T0 + d)
 }
 
 #[test]
@@ -819,10 +837,16 @@ fn backfills_are_total_refusals_write_nothing_and_replicas_agree() {
 }
 
 fn run_backfill_histories() {
+    let defaults = ProptestConfig::default();
+    let rng_seed = match std::env::var_os("PROPTEST_RNG_SEED") {
+        Some(_) => defaults.rng_seed,
+        None => proptest::test_runner::RngSeed::Fixed(5),
+    };
     let config = ProptestConfig {
         cases: 128,
         failure_persistence: None,
-        ..ProptestConfig::default()
+        rng_seed,
+        ..defaults
     };
     let histories = prop::collection::vec(backfill_op(), 1..40);
     let reached = std::cell::RefCell::new(Reached::default());
@@ -834,6 +858,7 @@ fn run_backfill_histories() {
         panic!("{e}");
     }
     let r = reached.into_inner();
+    eprintln!("{r:?}");
     assert!(r.backfilled > 10, "backfills rarely ran: {r:?}");
 }
 
