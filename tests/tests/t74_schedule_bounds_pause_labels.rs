@@ -365,7 +365,14 @@ async fn replace_starts_the_new_run_only_after_the_worker_stopped_the_old_one() 
     cluster.wait_leader().await;
     let _w = ShellWorker::start(&cluster, "g");
     // A label needs log format 3, so the cluster is at it before the job exists.
-    let extra = ["--overlap", "replace", "--payload", "sleep 30", "--label", "t=replace"];
+    let extra = [
+        "--overlap",
+        "replace",
+        "--payload",
+        "sleep 30",
+        "--label",
+        "t=replace",
+    ];
     run(&cluster, &create_args("r", "1s", &extra));
     let replaced = |runs: &Value| -> Vec<Value> {
         (runs.as_array().unwrap().iter())
@@ -388,7 +395,11 @@ async fn replace_starts_the_new_run_only_after_the_worker_stopped_the_old_one() 
             continue;
         }
         // The worker's own finish ended it, not its 60 s lease.
-        assert_eq!(w[0]["note"], "replaced: attempt 1 stopped (failed)", "{}", w[0]);
+        assert_eq!(
+            w[0]["note"], "replaced: attempt 1 stopped (failed)",
+            "{}",
+            w[0]
+        );
         assert!(
             w[1]["fired_at_ms"].as_i64() >= w[0]["finished_at_ms"].as_i64(),
             "{} started before {} stopped",

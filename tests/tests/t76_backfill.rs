@@ -47,8 +47,19 @@ async fn a_backfill_runs_each_past_occurrence_once_in_order_across_a_leader_kill
     ok(
         &cluster,
         &[
-            "job", "create", "hourly", "--cron", "0 * * * *", "--group", "bf", "--overlap",
-            "forbid", "--max-attempts", "3", "--payload", &payload,
+            "job",
+            "create",
+            "hourly",
+            "--cron",
+            "0 * * * *",
+            "--group",
+            "bf",
+            "--overlap",
+            "forbid",
+            "--max-attempts",
+            "3",
+            "--payload",
+            &payload,
         ],
     );
     let now = chrono::Utc::now().timestamp_millis();
@@ -59,16 +70,22 @@ async fn a_backfill_runs_each_past_occurrence_once_in_order_across_a_leader_kill
     // Refusals, nothing started.
     let future = rfc3339(now + HOUR_MS);
     cluster.kairosctl_refused(
-        &["job", "backfill", "hourly", "--from", &from_t, "--to", &future],
+        &[
+            "job", "backfill", "hourly", "--from", &from_t, "--to", &future,
+        ],
         "to: a backfill covers the past",
     );
     let long_ago = rfc3339(to - 1001 * HOUR_MS);
     cluster.kairosctl_refused(
-        &["job", "backfill", "hourly", "--from", &long_ago, "--to", &to_t],
+        &[
+            "job", "backfill", "hourly", "--from", &long_ago, "--to", &to_t,
+        ],
         "from, to: the range holds more than 1000 occurrences; backfill at most 1000 at a time",
     );
     cluster.kairosctl_refused(
-        &["job", "backfill", "hourly", "--from", &to_t, "--to", &from_t],
+        &[
+            "job", "backfill", "hourly", "--from", &to_t, "--to", &from_t,
+        ],
         "from: must be before to",
     );
     cluster.kairosctl_refused(
@@ -83,9 +100,16 @@ async fn a_backfill_runs_each_past_occurrence_once_in_order_across_a_leader_kill
 
     // Started before any worker serves the group: the first run waits, so
     // a second backfill finds this one in progress.
-    ok(&cluster, &["job", "backfill", "hourly", "--from", &from_t, "--to", &to_t]);
+    ok(
+        &cluster,
+        &[
+            "job", "backfill", "hourly", "--from", &from_t, "--to", &to_t,
+        ],
+    );
     cluster.kairosctl_refused(
-        &["job", "backfill", "hourly", "--from", &from_t, "--to", &to_t],
+        &[
+            "job", "backfill", "hourly", "--from", &from_t, "--to", &to_t,
+        ],
         "has a backfill in progress",
     );
     let _w = ShellWorker::start(&cluster, "bf");
@@ -106,7 +130,11 @@ async fn a_backfill_runs_each_past_occurrence_once_in_order_across_a_leader_kill
     })
     .await;
     assert_eq!(
-        (b["total"].as_i64(), b["started"].as_i64(), b["existing"].as_i64()),
+        (
+            b["total"].as_i64(),
+            b["started"].as_i64(),
+            b["existing"].as_i64()
+        ),
         (Some(HOURS), Some(HOURS), Some(0)),
         "{b}"
     );
@@ -119,11 +147,17 @@ async fn a_backfill_runs_each_past_occurrence_once_in_order_across_a_leader_kill
     })
     .await;
     // Exactly one run per occurrence of [from, to), each marked, in order.
-    let times: Vec<i64> = all.iter().map(|r| r["scheduled_at_ms"].as_i64().unwrap()).collect();
+    let times: Vec<i64> = all
+        .iter()
+        .map(|r| r["scheduled_at_ms"].as_i64().unwrap())
+        .collect();
     let want: Vec<i64> = (0..HOURS).map(|k| from + k * HOUR_MS).collect();
     assert_eq!(times, want);
     let range = format!("[{from}, {to})");
-    assert!(all.iter().all(|r| r["backfill"] == range.as_str()), "{all:?}");
+    assert!(
+        all.iter().all(|r| r["backfill"] == range.as_str()),
+        "{all:?}"
+    );
     // One at a time: each run was created after the one before it finished.
     for w in all.windows(2) {
         assert!(
@@ -161,12 +195,25 @@ async fn cancel_stops_a_backfill_and_keeps_its_runs() {
     cluster.wait_leader().await;
     ok(
         &cluster,
-        &["job", "create", "idle", "--cron", "0 * * * *", "--group", "nobody", "--overlap", "forbid"],
+        &[
+            "job",
+            "create",
+            "idle",
+            "--cron",
+            "0 * * * *",
+            "--group",
+            "nobody",
+            "--overlap",
+            "forbid",
+        ],
     );
     let now = chrono::Utc::now().timestamp_millis();
     let to = now - now.rem_euclid(HOUR_MS);
     let (from_t, to_t) = (rfc3339(to - 10 * HOUR_MS), rfc3339(to));
-    ok(&cluster, &["job", "backfill", "idle", "--from", &from_t, "--to", &to_t]);
+    ok(
+        &cluster,
+        &["job", "backfill", "idle", "--from", &from_t, "--to", &to_t],
+    );
     // No worker serves "nobody": the first run waits and the rest with it.
     wait_for("the first run", WAIT, || async {
         (runs(&cluster, "idle").len() == 1).then_some(())
@@ -175,6 +222,10 @@ async fn cancel_stops_a_backfill_and_keeps_its_runs() {
     let out = ok(&cluster, &["job", "backfill", "idle", "--cancel"]);
     assert!(out.contains("cancelled"), "{out}");
     let b = backfill_of(&cluster, "idle");
-    assert_eq!((b["state"].as_str(), b["started"].as_i64()), (Some("cancelled"), Some(1)), "{b}");
+    assert_eq!(
+        (b["state"].as_str(), b["started"].as_i64()),
+        (Some("cancelled"), Some(1)),
+        "{b}"
+    );
     assert_eq!(runs(&cluster, "idle").len(), 1, "its run stays");
 }

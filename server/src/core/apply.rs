@@ -1162,7 +1162,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Whether the job's active runs are being replaced: a `replace`
     /// occurrence waits (in `buffered_at_ms`) for them to stop.
     fn being_replaced(&self, job: &Job) -> bool {
-        job.policy.overlap == Overlap::Replace && job.buffered_at_ms.is_some() && self.replace_waits()
+        job.policy.overlap == Overlap::Replace
+            && job.buffered_at_ms.is_some()
+            && self.replace_waits()
     }
 
     /// Overlap `replace`: cancels at once the runs no worker holds, and asks
@@ -1363,7 +1365,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return;
         };
         if let Some(old) = b.step_at_ms.take() {
-            self.o.delete(keys::wheel(&WheelKey::backfill(&job.id, old)));
+            self.o
+                .delete(keys::wheel(&WheelKey::backfill(&job.id, old)));
         }
         if let Some(at) = at {
             b.step_at_ms = Some(at);
@@ -1383,7 +1386,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return false;
         };
         b.step_at_ms = None;
-        let mut budget = if job.paused { 0 } else { limits::BACKFILL_STEP_OCCURRENCES };
+        let mut budget = if job.paused {
+            0
+        } else {
+            limits::BACKFILL_STEP_OCCURRENCES
+        };
         while let (Some(at), true) = (b.next_ms, budget > 0) {
             if !self.backfill_occurrence(&mut job, &mut b, at) {
                 break;

@@ -111,7 +111,12 @@ impl Backfill {
 /// an empty or reversed range, a range ending after now, one with no
 /// occurrence, and one with more than `BACKFILL_OCCURRENCES_MAX` (walked at
 /// most that far plus one).
-pub fn plan(s: &Schedule, from_ms: i64, to_ms: i64, now_ms: i64) -> Result<(i64, u32), CommandError> {
+pub fn plan(
+    s: &Schedule,
+    from_ms: i64,
+    to_ms: i64,
+    now_ms: i64,
+) -> Result<(i64, u32), CommandError> {
     let invalid = |m: String| Err(CommandError::Invalid(m));
     if from_ms >= to_ms {
         return invalid(format!("from: must be before to ({from_ms} >= {to_ms})"));
@@ -122,11 +127,15 @@ pub fn plan(s: &Schedule, from_ms: i64, to_ms: i64, now_ms: i64) -> Result<(i64,
         ));
     }
     if *s == Schedule::Upstream {
-        return invalid("id: the job has no schedule of its own (it runs on upstream cycles)".into());
+        return invalid(
+            "id: the job has no schedule of its own (it runs on upstream cycles)".into(),
+        );
     }
     let max = limits::BACKFILL_OCCURRENCES_MAX;
     let Some(first) = next_in(s, from_ms.saturating_sub(1), to_ms)? else {
-        return invalid(format!("from, to: the job's schedule has no occurrence in [{from_ms}, {to_ms})"));
+        return invalid(format!(
+            "from, to: the job's schedule has no occurrence in [{from_ms}, {to_ms})"
+        ));
     };
     let (mut at, mut total) = (first, 1u32);
     while let Some(next) = next_in(s, at, to_ms)? {
@@ -174,7 +183,10 @@ mod tests {
     #[test]
     fn plan_refuses_naming_the_field_and_the_rule() {
         let err = |r: Result<(i64, u32), CommandError>| r.unwrap_err().to_string();
-        assert_eq!(err(plan(&every(1000), 5000, 5000, 10_000)), "from: must be before to (5000 >= 5000)");
+        assert_eq!(
+            err(plan(&every(1000), 5000, 5000, 10_000)),
+            "from: must be before to (5000 >= 5000)"
+        );
         assert_eq!(
             err(plan(&every(1000), 0, 10_001, 10_000)),
             "to: a backfill covers the past; 10001 is after the cluster time 10000"

@@ -524,7 +524,13 @@ fn backfill() -> impl Strategy<Value = Command> {
     let start = (job_id(), time(), 0i64..30_000, 0i64..60_000, overlap).prop_map(
         |(id, now_ms, ago_ms, len_ms, overlap)| {
             let to_ms = now_ms.saturating_sub(ago_ms);
-            Command::StartBackfill { id, from_ms: to_ms.saturating_sub(len_ms), to_ms, overlap, now_ms }
+            Command::StartBackfill {
+                id,
+                from_ms: to_ms.saturating_sub(len_ms),
+                to_ms,
+                overlap,
+                now_ms,
+            }
         },
     );
     let cancel = (job_id(), time()).prop_map(|(id, now_ms)| Command::CancelBackfill { id, now_ms });
@@ -789,18 +795,34 @@ fn backfill_op() -> impl Strategy<Value = Op> {
         }
     });
     // Jobs made early, backfilled later over ranges after their creation.
-    let created = (sane_job_spec(), 0i64..1000)
-        .prop_map(|(s, d)| Op::Raw(Command::create_job(s, T0 + d)));
-    let start = (prop::sample::select(vec!["a", "b", "c"]), later_again(), 0i64..30_000, 0i64..60_000)
+    let created =
+        (sane_job_spec(), 0i64..1000).prop_map(|(s, d)| Op::Raw(Command::create_job(s, T0 + d)));
+    let start = (
+        prop::sample::select(vec!["a", "b", "c"]),
+        later_again(),
+        0i64..30_000,
+        0i64..60_000,
+    )
         .prop_flat_map(|t| {
             // Mostly `allow`: the others wait for, or skip past, busy jobs.
-            let o = [BackfillOverlap::Allow, BackfillOverlap::Allow, BackfillOverlap::Skip, BackfillOverlap::BufferAll];
+            let o = [
+                BackfillOverlap::Allow,
+                BackfillOverlap::Allow,
+                BackfillOverlap::Skip,
+                BackfillOverlap::BufferAll,
+            ];
             (Just(t), prop::sample::select(o.to_vec()))
         })
         .prop_map(|((id, now_ms, ago_ms, len_ms), overlap)| {
             let to_ms = now_ms - ago_ms;
             let (from_ms, id) = (to_ms - len_ms, id.to_string());
-            Op::Raw(Command::StartBackfill { id, from_ms, to_ms, overlap, now_ms })
+            Op::Raw(Command::StartBackfill {
+                id,
+                from_ms,
+                to_ms,
+                overlap,
+                now_ms,
+            })
         });
     prop_oneof![
         2 => created,

@@ -6,8 +6,8 @@ use tonic::Status;
 use crate::core::query::JobFilter;
 use crate::core::stats::JobStats;
 use crate::core::{
-    limits, validate, Bounds, Fanout, Job, JobSpec, JobState, Labels, Misfire, OnUpstreamFailure,
-    Backfill, BackfillOverlap, Overlap, PauseNote, Policy, Route, Run, RunState, ScheduleInput,
+    limits, validate, Backfill, BackfillOverlap, Bounds, Fanout, Job, JobSpec, JobState, Labels,
+    Misfire, OnUpstreamFailure, Overlap, PauseNote, Policy, Route, Run, RunState, ScheduleInput,
     TriggerRule, Workflow,
 };
 

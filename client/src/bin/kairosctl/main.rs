@@ -940,7 +940,10 @@ fn print_job(out: Output, j: &pb::Job) {
         ("on upstream failure", dash(s.on_upstream_failure.clone())),
         ("workflow state", dash(j.workflow_state.clone())),
         ("downstream", dash(j.downstream.join(","))),
-        ("backfill", j.backfill.as_ref().map_or("-".into(), backfill_text)),
+        (
+            "backfill",
+            j.backfill.as_ref().map_or("-".into(), backfill_text),
+        ),
     ]);
 }
 

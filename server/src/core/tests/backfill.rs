@@ -56,13 +56,25 @@ fn end(sim: &mut Sim, run: &RunId, now_ms: i64) {
 fn a_backfill_creates_the_range_in_order_a_step_at_a_time_and_marks_each_run() {
     let mut sim = sim_with(every("a", 1000));
     let now = T0 + 100_000;
-    let a = sim.exec(start("a", T0 + 1000, RANGE_END, BackfillOverlap::Allow, now));
+    let a = sim.exec(start(
+        "a",
+        T0 + 1000,
+        RANGE_END,
+        BackfillOverlap::Allow,
+        now,
+    ));
     let Response::Job(job) = &a.response else {
         panic!("{:?}", a.response)
     };
     let b = job.backfill.clone().unwrap();
-    assert_eq!((b.total, b.next_ms, b.state()), (40, Some(T0 + 1000), "running"));
-    assert_eq!(a.effects, vec![Effect::Scheduled(WheelKey::backfill("a", now))]);
+    assert_eq!(
+        (b.total, b.next_ms, b.state()),
+        (40, Some(T0 + 1000), "running")
+    );
+    assert_eq!(
+        a.effects,
+        vec![Effect::Scheduled(WheelKey::backfill("a", now))]
+    );
     assert_eq!(sim.runs_of("a"), vec![], "runs are created by the steps");
 
     let first = step(&mut sim, "a");
@@ -91,9 +103,16 @@ fn a_backfill_creates_the_range_in_order_a_step_at_a_time_and_marks_each_run() {
     step(&mut sim, "a");
     step(&mut sim, "a");
     let all: Vec<i64> = (1..=40).map(|k| k * 1000).collect();
-    assert_eq!(times(&sim, "a"), all, "every occurrence of [from, to), once");
+    assert_eq!(
+        times(&sim, "a"),
+        all,
+        "every occurrence of [from, to), once"
+    );
     let b = backfill(&sim, "a");
-    assert_eq!((b.started, b.existing, b.skipped, b.state()), (40, 0, 0, "done"));
+    assert_eq!(
+        (b.started, b.existing, b.skipped, b.state()),
+        (40, 0, 0, "done")
+    );
     assert_eq!(b.ended_at_ms, Some(now + 2 * limits::BACKFILL_STEP_MS));
     assert_eq!(step_key(&sim, "a"), None, "a done backfill keeps no entry");
     assert_eq!(sim.job("a").active_runs, 40);
@@ -107,12 +126,26 @@ fn occurrences_that_ran_are_left_alone_buffer_all_waits_for_room_and_skip_record
     sim.fire_due(T0 + 1000);
     end(&mut sim, &rid("a", T0 + 1000), T0 + 1500);
     let now = T0 + 10_000;
-    sim.exec(start("a", T0 + 1000, T0 + 4000, BackfillOverlap::BufferAll, now));
+    sim.exec(start(
+        "a",
+        T0 + 1000,
+        T0 + 4000,
+        BackfillOverlap::BufferAll,
+        now,
+    ));
     step(&mut sim, "a");
-    assert_eq!(times(&sim, "a"), vec![1000, 2000], "1000 ran already, 3000 waits");
+    assert_eq!(
+        times(&sim, "a"),
+        vec![1000, 2000],
+        "1000 ran already, 3000 waits"
+    );
     let b = backfill(&sim, "a");
     assert_eq!((b.started, b.existing, b.next_ms), (1, 1, Some(T0 + 3000)));
-    assert_eq!(mark(&sim, &rid("a", T0 + 1000)), None, "a run it found is not marked");
+    assert_eq!(
+        mark(&sim, &rid("a", T0 + 1000)),
+        None,
+        "a run it found is not marked"
+    );
     step(&mut sim, "a");
     assert_eq!(times(&sim, "a"), vec![1000, 2000], "no room: still waiting");
     end(&mut sim, &rid("a", T0 + 2000), T0 + 10_600);
@@ -131,7 +164,11 @@ fn occurrences_that_ran_are_left_alone_buffer_all_waits_for_room_and_skip_record
     assert_eq!(skipped.state, RunState::Skipped);
     assert_eq!(
         skipped.note,
-        format!("backfill [{}, {}): the job was busy (overlap skip)", T0 + 1000, T0 + 3000)
+        format!(
+            "backfill [{}, {}): the job was busy (overlap skip)",
+            T0 + 1000,
+            T0 + 3000
+        )
     );
     assert_eq!(mark(&sim, &skipped.id), Some((T0 + 1000, T0 + 3000)));
     let b = backfill(&sim, "s");
@@ -144,9 +181,18 @@ fn refusals_name_the_field_and_the_rule_and_write_nothing() {
     let now = T0 + 2_000_000;
     let allow = BackfillOverlap::Allow;
     let cases = [
-        (start("a", T0 + 5000, T0 + 5000, allow, now), "from: must be before to"),
-        (start("a", T0, now + 1, allow, now), "to: a backfill covers the past"),
-        (start("a", T0 - 10_000, T0, allow, now), "from, to: the job's schedule has no occurrence"),
+        (
+            start("a", T0 + 5000, T0 + 5000, allow, now),
+            "from: must be before to",
+        ),
+        (
+            start("a", T0, now + 1, allow, now),
+            "to: a backfill covers the past",
+        ),
+        (
+            start("a", T0 - 10_000, T0, allow, now),
+            "from, to: the job's schedule has no occurrence",
+        ),
     ];
     for (cmd, want) in cases {
         let a = sim.exec(cmd);
@@ -170,7 +216,10 @@ fn refusals_name_the_field_and_the_rule_and_write_nothing() {
     let Response::Error(CommandError::FailedPrecondition(msg)) = &a.response else {
         panic!("{:?}", a.response)
     };
-    assert!(msg.contains("has a backfill in progress (0 of 1000"), "{msg}");
+    assert!(
+        msg.contains("has a backfill in progress (0 of 1000"),
+        "{msg}"
+    );
     assert_nothing_done(&a);
 }
 
@@ -179,7 +228,13 @@ fn the_cursor_goes_on_after_a_leader_change_with_nothing_doubled_or_lost() {
     let run_all = |failover: bool| {
         let mut sim = sim_with(every("a", 1000));
         let now = T0 + 100_000;
-        sim.exec(start("a", T0 + 1000, RANGE_END, BackfillOverlap::Allow, now));
+        sim.exec(start(
+            "a",
+            T0 + 1000,
+            RANGE_END,
+            BackfillOverlap::Allow,
+            now,
+        ));
         let old_key = step_key(&sim, "a").unwrap();
         step(&mut sim, "a");
         if failover {
@@ -193,7 +248,13 @@ fn the_cursor_goes_on_after_a_leader_change_with_nothing_doubled_or_lost() {
         // what is due, late.
         let mut t = now + 5_000;
         while step_key(&sim, "a").is_some() {
-            sim.fire(t, sim.due(t).into_iter().filter(|k| k.kind == EntryKind::Backfill).collect());
+            sim.fire(
+                t,
+                sim.due(t)
+                    .into_iter()
+                    .filter(|k| k.kind == EntryKind::Backfill)
+                    .collect(),
+            );
             t += 1000;
         }
         sim
@@ -210,7 +271,13 @@ fn the_cursor_goes_on_after_a_leader_change_with_nothing_doubled_or_lost() {
 fn cancel_stops_the_steps_keeps_the_runs_and_a_new_backfill_may_start() {
     let mut sim = sim_with(every("a", 1000));
     let now = T0 + 100_000;
-    sim.exec(start("a", T0 + 1000, RANGE_END, BackfillOverlap::Allow, now));
+    sim.exec(start(
+        "a",
+        T0 + 1000,
+        RANGE_END,
+        BackfillOverlap::Allow,
+        now,
+    ));
     step(&mut sim, "a");
     let a = sim.exec(Command::CancelBackfill {
         id: "a".into(),
@@ -218,10 +285,19 @@ fn cancel_stops_the_steps_keeps_the_runs_and_a_new_backfill_may_start() {
     });
     assert!(matches!(a.response, Response::Job(_)));
     let b = backfill(&sim, "a");
-    assert_eq!((b.state(), b.started, b.ended_at_ms), ("cancelled", 16, Some(now + 100)));
+    assert_eq!(
+        (b.state(), b.started, b.ended_at_ms),
+        ("cancelled", 16, Some(now + 100))
+    );
     assert_eq!(step_key(&sim, "a"), None);
     assert_eq!(sim.runs_of("a").len(), 16, "its runs stay");
-    sim.exec(start("a", T0 + 1000, RANGE_END, BackfillOverlap::Allow, now + 200));
+    sim.exec(start(
+        "a",
+        T0 + 1000,
+        RANGE_END,
+        BackfillOverlap::Allow,
+        now + 200,
+    ));
     step(&mut sim, "a");
     assert_eq!(backfill(&sim, "a").existing, 16, "the first 16 ran already");
     // Deleting the job takes its step entry with it.
@@ -236,7 +312,13 @@ fn cancel_stops_the_steps_keeps_the_runs_and_a_new_backfill_may_start() {
 fn a_paused_jobs_backfill_waits_and_backfills_need_log_format_3() {
     let mut sim = sim_with(every("a", 1000));
     let now = T0 + 100_000;
-    sim.exec(start("a", T0 + 1000, T0 + 3000, BackfillOverlap::BufferAll, now));
+    sim.exec(start(
+        "a",
+        T0 + 1000,
+        T0 + 3000,
+        BackfillOverlap::BufferAll,
+        now,
+    ));
     sim.exec(Command::pause_job("a".into(), String::new(), now));
     step(&mut sim, "a");
     assert_eq!(sim.runs_of("a").len(), 0);

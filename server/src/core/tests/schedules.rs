@@ -574,13 +574,19 @@ fn replace_waits_for_the_replaced_run_to_stop_and_then_starts_the_newest() {
     sim.fire_due(T0 + 3000);
     let older = sim.run(&rid("a", T0 + 2000));
     assert_eq!(older.state, RunState::Skipped);
-    assert_eq!(older.note, "overlap replace: superseded by a newer occurrence");
+    assert_eq!(
+        older.note,
+        "overlap replace: superseded by a newer occurrence"
+    );
     assert_eq!(sim.job("a").buffered_at_ms, Some(T0 + 3000));
     let trig = sim.exec(trigger("a", T0 + 3100));
     let Response::Run(held) = &trig.response else {
         panic!("{:?}", trig.response)
     };
-    assert_eq!(held.note, "manual trigger: starts once the replaced run(s) stop");
+    assert_eq!(
+        held.note,
+        "manual trigger: starts once the replaced run(s) stop"
+    );
     assert!(sim.try_run(&held.id).is_none(), "held, not stored");
     assert!(sim.try_run(&new).is_some(), "superseded by the trigger");
 
@@ -591,12 +597,17 @@ fn replace_waits_for_the_replaced_run_to_stop_and_then_starts_the_newest() {
     assert_eq!(old_run.note, "replaced: attempt 1 stopped (failed)");
     let started = rid("a", T0 + 3100);
     assert!(ack.effects.contains(&ended(&old, 1)));
-    assert!(ack.effects.contains(&ready(&started, 1, limits::DEFAULT_TIMEOUT_MS)));
+    assert!(ack
+        .effects
+        .contains(&ready(&started, 1, limits::DEFAULT_TIMEOUT_MS)));
     assert_eq!(
         sim.run(&started).note,
         "overlap replace: started once the replaced run(s) stopped"
     );
-    assert_eq!((sim.job("a").active_runs, sim.job("a").buffered_at_ms), (1, None));
+    assert_eq!(
+        (sim.job("a").active_runs, sim.job("a").buffered_at_ms),
+        (1, None)
+    );
 }
 
 #[test]
@@ -610,8 +621,14 @@ fn replace_starts_the_new_run_when_the_replaced_ones_lease_ends_or_none_was_held
     });
     assert_eq!(expired.response, Response::Batch(vec![Ok(())]));
     assert_eq!(sim.run(&old).state, RunState::Cancelled);
-    assert_eq!(sim.run(&old).note, "replaced: attempt 1 stopped (timed-out)");
-    let retries = sim.wheel().into_iter().filter(|k| k.kind == EntryKind::Retry);
+    assert_eq!(
+        sim.run(&old).note,
+        "replaced: attempt 1 stopped (timed-out)"
+    );
+    let retries = sim
+        .wheel()
+        .into_iter()
+        .filter(|k| k.kind == EntryKind::Retry);
     assert_eq!(retries.count(), 0, "a replaced run is not retried");
     let new = rid("a", T0 + 2000);
     assert_eq!(sim.run(&new).state, RunState::Pending);
