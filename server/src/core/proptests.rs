@@ -850,29 +850,13 @@ fn later_again() -> impl Strategy<Value = i64> {
 
 #[test]
 fn backfills_are_total_refusals_write_nothing_and_replicas_agree() {
-    std::thread::Builder::new()
-        .stack_size(64 << 20)
-        .spawn(run_backfill_histories)
-        .expect("spawn the property test thread")
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+    on_big_stack(run_backfill_histories);
 }
 
 fn run_backfill_histories() {
-    let defaults = ProptestConfig::default();
-    let rng_seed = match std::env::var_os("PROPTEST_RNG_SEED") {
-        Some(_) => defaults.rng_seed,
-        None => proptest::test_runner::RngSeed::Fixed(5),
-    };
-    let config = ProptestConfig {
-        cases: 128,
-        failure_persistence: None,
-        rng_seed,
-        ..defaults
-    };
     let histories = prop::collection::vec(backfill_op(), 1..40);
     let reached = std::cell::RefCell::new(Reached::default());
-    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let mut runner = proptest::test_runner::TestRunner::new(fixed_seed(128));
     let result = runner.run(&histories, |ops| {
         check_history(ops, &mut reached.borrow_mut())
     });
@@ -884,35 +868,43 @@ fn run_backfill_histories() {
     assert!(r.backfilled > 10, "backfills rarely ran: {r:?}");
 }
 
-#[test]
-fn apply_is_total_refusals_write_nothing_and_replicas_agree() {
-    // The strategy's value trees are large stack values in debug builds:
-    // generate on a thread with room for them.
+/// Runs `f` on a thread with room for the strategies' value trees: they
+/// are large stack values in debug builds.
+fn on_big_stack(f: fn()) {
     std::thread::Builder::new()
         .stack_size(64 << 20)
-        .spawn(run_histories)
+        .spawn(f)
         .expect("spawn the property test thread")
         .join()
         .unwrap_or_else(|e| std::panic::resume_unwind(e));
 }
 
-fn run_histories() {
-    // A fixed seed, so the coverage floor below cannot flake in CI; set
-    // PROPTEST_RNG_SEED to explore other histories. Housekeeping depth is
-    // heavy-tailed over seeds (most reach ~10 removals, some 1,000+): this
-    // one reaches every floor with the firing switch and bounds generated.
+/// `cases` histories from a fixed seed, so coverage floors cannot flake in
+/// CI; set PROPTEST_RNG_SEED to explore other histories.
+fn fixed_seed(cases: u32) -> ProptestConfig {
     let defaults = ProptestConfig::default();
     let rng_seed = match std::env::var_os("PROPTEST_RNG_SEED") {
         Some(_) => defaults.rng_seed,
         None => proptest::test_runner::RngSeed::Fixed(5),
     };
-    let config = ProptestConfig {
-        cases: 512,
+    ProptestConfig {
+        cases,
         failure_persistence: None,
         rng_seed,
         ..defaults
-    };
-    let mut runner = proptest::test_runner::TestRunner::new(config);
+    }
+}
+
+#[test]
+fn apply_is_total_refusals_write_nothing_and_replicas_agree() {
+    on_big_stack(run_histories);
+}
+
+fn run_histories() {
+    // Housekeeping depth is heavy-tailed over seeds (most reach ~10
+    // removals, some 1,000+): this seed reaches every floor with the
+    // firing switch and bounds generated.
+    let mut runner = proptest::test_runner::TestRunner::new(fixed_seed(512));
     let reached = std::cell::RefCell::new(Reached::default());
     let histories = prop::collection::vec(op(), 1..60);
     if let Err(e) = runner.run(&histories, |ops| {

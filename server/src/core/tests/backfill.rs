@@ -6,6 +6,7 @@
 use super::*;
 
 const RANGE_END: i64 = T0 + 41_000;
+const NOW: i64 = T0 + 100_000;
 
 fn start(id: &str, from_ms: i64, to_ms: i64, overlap: BackfillOverlap, now_ms: i64) -> Command {
     Command::StartBackfill {
@@ -50,6 +51,21 @@ fn end(sim: &mut Sim, run: &RunId, now_ms: i64) {
     r.retryable = false;
     let a = sim.finish(now_ms, r);
     assert_eq!(a.response, Response::Batch(vec![Ok(())]));
+}
+
+/// Job "a" (every second from `T0`) with a backfill of
+/// `[T0 + 1000, RANGE_END)` (40 occurrences) started at `NOW` under `allow`.
+fn backfilling() -> Sim {
+    let mut sim = sim_with(every("a", 1000));
+    let a = sim.exec(start(
+        "a",
+        T0 + 1000,
+        RANGE_END,
+        BackfillOverlap::Allow,
+        NOW,
+    ));
+    assert!(matches!(a.response, Response::Job(_)), "{:?}", a.response);
+    sim
 }
 
 #[test]
@@ -226,15 +242,7 @@ fn refusals_name_the_field_and_the_rule_and_write_nothing() {
 #[test]
 fn the_cursor_goes_on_after_a_leader_change_with_nothing_doubled_or_lost() {
     let run_all = |failover: bool| {
-        let mut sim = sim_with(every("a", 1000));
-        let now = T0 + 100_000;
-        sim.exec(start(
-            "a",
-            T0 + 1000,
-            RANGE_END,
-            BackfillOverlap::Allow,
-            now,
-        ));
+        let (mut sim, now) = (backfilling(), NOW);
         let old_key = step_key(&sim, "a").unwrap();
         step(&mut sim, "a");
         if failover {
@@ -269,15 +277,7 @@ fn the_cursor_goes_on_after_a_leader_change_with_nothing_doubled_or_lost() {
 
 #[test]
 fn cancel_stops_the_steps_keeps_the_runs_and_a_new_backfill_may_start() {
-    let mut sim = sim_with(every("a", 1000));
-    let now = T0 + 100_000;
-    sim.exec(start(
-        "a",
-        T0 + 1000,
-        RANGE_END,
-        BackfillOverlap::Allow,
-        now,
-    ));
+    let (mut sim, now) = (backfilling(), NOW);
     step(&mut sim, "a");
     let a = sim.exec(Command::CancelBackfill {
         id: "a".into(),
