@@ -24,7 +24,9 @@ use super::types::{
 /// Quartz schedules); what a node that does not report its format reads.
 /// 2: the `ActivateLogFormat` command.
 /// 3: job bounds and labels (`SpecExtended`), pause notes (`PauseJobNoted`),
-/// the cluster firing switch (`PauseFiring`, `ResumeFiring`). bincode is not
+/// the cluster firing switch (`PauseFiring`, `ResumeFiring`), backfills
+/// (`StartBackfill`, `CancelBackfill`, `Backfill` wheel keys in `Fire`), and
+/// overlap `replace` waiting for the runs it replaces. bincode is not
 /// self-describing: what older formats lack travels in appended variants,
 /// never in fields added to existing ones, so format 1 and 2 entries keep
 /// decoding as they were written.

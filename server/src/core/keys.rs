@@ -85,7 +85,8 @@ pub const META_TZDATA: &[u8] = b"mtzdata";
 /// Quartz cron schedules, appended to the schedule enums.
 /// Since log format 3 (still state format 8), a job record may end with an
 /// extension (bounds, labels, fired count, finished time, pause note:
-/// `Job::to_record`) and `mfiring_paused` may be set. Only format-3
+/// `Job::to_record`) and `mfiring_paused` may be set; backfills add wheel
+/// entries of kind 3 and the `b` key space. Only format-3
 /// commands write them, and the cluster activates format 3 only once every
 /// member reads it, so a binary that would not read them never meets them.
 pub const STATE_VERSION: u32 = 8;
