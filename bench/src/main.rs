@@ -84,6 +84,10 @@ pub struct Opts {
     /// Concurrent clients (connections) creating jobs.
     #[arg(long, default_value_t = 64)]
     pub clients: usize,
+    /// Create calls each client keeps in flight on its connection (1..=256;
+    /// HTTP/2 multiplexes them).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub pipeline: u16,
     /// throughput: offered fires/s (jobs x 1000 / every-ms); overload: the saturating
     /// load of its first phase (default 5000), 5x that in the second.
     #[arg(long)]
@@ -103,6 +107,13 @@ pub struct Opts {
     /// Extra flags for every `kairos serve`, e.g. --node-arg=--snapshot-logs=50000.
     #[arg(long = "node-arg", allow_hyphen_values = true)]
     pub node_args: Vec<String>,
+}
+
+impl Opts {
+    /// Create calls outstanding at once while a scenario sets up its jobs.
+    pub fn in_flight(&self) -> usize {
+        self.clients.max(1) * usize::from(self.pipeline)
+    }
 }
 
 /// Parses `500ms`, `5s`, `3m`, `1h` or a bare number of seconds.

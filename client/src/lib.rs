@@ -57,6 +57,8 @@ pub type AttemptObserver = Arc<dyn Fn(Code, Duration) + Send + Sync>;
 /// overloaded leader), and the longest hint it follows.
 pub const OVERLOAD_RETRIES_MAX: u32 = 8;
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
+/// Most calls [`Client::create_jobs`] keeps outstanding at once.
+pub const IN_FLIGHT_MAX: usize = 256;
 
 /// How to reach a cluster: the CA to trust (TLS) and the token to present.
 /// The default is plain TCP without a token (a development cluster).
@@ -407,6 +409,31 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.call(|c| f(RunsClient::new(c).max_decoding_message_size(64 << 20)))
+            .await
+    }
+
+    /// Creates `specs` with up to `in_flight` calls outstanding at once
+    /// (clamped to 1..=`IN_FLIGHT_MAX`), all multiplexed over this client's
+    /// one HTTP/2 channel per node; the leader commits creates that arrive
+    /// together in one log entry, so pipelining is what lets a single client
+    /// reach the server's create rate. Each call retries as [`Client::call`]
+    /// does. Results come back in the order of `specs`.
+    pub async fn create_jobs(
+        &self,
+        specs: Vec<pb::JobSpec>,
+        in_flight: usize,
+    ) -> Vec<Result<pb::Job, Status>> {
+        use futures::StreamExt;
+        let calls = specs.into_iter().map(|spec| {
+            let req = pb::CreateJobRequest { spec: Some(spec) };
+            self.jobs(move |mut c| {
+                let r = req.clone();
+                async move { c.create_job(r).await }
+            })
+        });
+        futures::stream::iter(calls)
+            .buffered(in_flight.clamp(1, IN_FLIGHT_MAX))
+            .collect()
             .await
     }
 

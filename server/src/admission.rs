@@ -41,6 +41,10 @@ pub struct Bounds {
     pub max_backlog_ms: u64,
     /// Longest an admitted command waits in the queue before it is proposed.
     pub max_wait_ms: u64,
+    /// Client commands admitted whatever the backlog and the adaptive limit
+    /// while fewer than this many are in flight: writes keep a share of the
+    /// log when committed fires alone keep its backlog past the bounds.
+    pub reserve: usize,
 }
 
 impl Default for Bounds {
@@ -51,6 +55,7 @@ impl Default for Bounds {
             max_backlog: 64,
             max_backlog_ms: 500,
             max_wait_ms: 250,
+            reserve: 16,
         }
     }
 }
@@ -100,6 +105,12 @@ impl Bounds {
                 return Err(format!("{flag}: must be between 1 and {max}, got {got}"));
             }
         }
+        if self.reserve > self.max_commands {
+            return Err(format!(
+                "admit-reserve: must be at most admit-max-commands ({}), got {}",
+                self.max_commands, self.reserve
+            ));
+        }
         match self.max_bytes.is_multiple_of(1024) {
             true => Ok(()),
             false => Err(format!(
@@ -110,11 +121,14 @@ impl Bounds {
     }
 
     /// Whether one more command of `bytes` may join `load`. A command alone
-    /// is admitted whatever its size (its size is bounded by the message cap).
+    /// is admitted whatever its size (its size is bounded by the message cap);
+    /// one that finds fewer than `reserve` in flight is admitted whatever the
+    /// backlog (within the bytes bound).
     pub fn check(&self, load: Load, bytes: usize) -> Result<(), Refusal> {
         let refusal = |what, have, max: u64| Err(Refusal { what, have, max });
+        let reserved = load.commands < self.reserve;
         let commands = load.commands as u64 + 1;
-        if commands > self.max_commands as u64 {
+        if commands > self.max_commands as u64 && !reserved {
             return refusal(
                 "client writes in flight",
                 commands,
@@ -128,6 +142,9 @@ impl Bounds {
                 total,
                 self.max_bytes as u64,
             );
+        }
+        if reserved {
+            return Ok(());
         }
         if load.backlog > self.max_backlog {
             let max = self.max_backlog;
@@ -333,8 +350,9 @@ impl Admission {
     /// or if the backlog it would queue behind has grown past its bounds.
     pub fn recheck(&self, queued_ms: i64, backlog: u64, now_ms: i64) -> Result<(), Overloaded> {
         let mut st = self.state();
+        // The others in flight: its own share is counted already.
         let behind = Load {
-            commands: 0,
+            commands: st.commands.saturating_sub(1),
             bytes: 0,
             ..st.load(backlog)
         };
@@ -427,6 +445,7 @@ mod tests {
             max_backlog: 10,
             max_backlog_ms: 500,
             max_wait_ms: 400,
+            reserve: 0,
         }
     }
 
@@ -594,6 +613,39 @@ mod tests {
     }
 
     #[test]
+    fn a_reserve_of_writes_gets_in_whatever_the_backlog_and_the_limit() {
+        let a = Admission::new(
+            Bounds {
+                reserve: 2,
+                ..bounds()
+            },
+            0,
+        );
+        a.completed(501, 1);
+        assert_eq!(a.limit(), 1, "a slow log");
+        let backlog = 50;
+        let t1 = a.admit(1, backlog, 0).expect("first of the reserve");
+        let t2 = a
+            .admit(1, backlog, 0)
+            .expect("second, past the limit of one");
+        let e = a.admit(1, backlog, 0).err().unwrap();
+        assert_eq!(e.refusal.what, "client writes in flight");
+        assert_eq!(a.recheck(0, backlog, 1), Ok(()), "one other in flight");
+        drop(t2);
+        let e = a.admit(1000, backlog, 0).err().unwrap();
+        assert_eq!(e.refusal.what, "bytes of client writes in flight");
+        assert!(a.precheck(backlog, 0).is_ok());
+        drop(t1);
+        let t = [a.admit(1, 0, 0), a.admit(1, 0, 0)];
+        assert!(t.iter().all(Result::is_ok));
+        let e = a.admit(1, backlog, 0).err().unwrap();
+        assert_eq!(
+            e.refusal.what, "client writes in flight",
+            "the reserve is full"
+        );
+    }
+
+    #[test]
     fn out_of_range_bounds_are_refused_naming_the_flag() {
         let d = Bounds::default();
         assert_eq!(d.validate(), Ok(()));
@@ -640,6 +692,13 @@ mod tests {
                     ..d
                 },
                 "admit-max-wait-ms",
+            ),
+            (
+                Bounds {
+                    reserve: d.max_commands + 1,
+                    ..d
+                },
+                "admit-reserve",
             ),
         ] {
             let e = bounds.validate().unwrap_err();

@@ -16,6 +16,7 @@ pub mod leader;
 pub mod membership;
 pub mod metrics;
 pub mod node;
+pub mod otel;
 pub mod raft;
 pub mod runlog;
 pub mod store;

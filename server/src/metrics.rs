@@ -101,6 +101,7 @@ pub struct Metrics {
     unflushed_keys: Gauge,
     watchers: Gauge,
     watch_oldest_index: Gauge,
+    otel_spans_dropped: Counter,
     /// One scrape at a time: levels are cleared and re-read, counters kept
     /// elsewhere are caught up.
     rendering: Mutex<()>,
@@ -149,6 +150,7 @@ impl Metrics {
             unflushed_keys: Gauge::default(),
             watchers: Gauge::default(),
             watch_oldest_index: Gauge::default(),
+            otel_spans_dropped: Counter::default(),
             rendering: Mutex::new(()),
         };
         m.register()
@@ -316,6 +318,11 @@ impl Metrics {
             "Oldest log index whose events this node's watch ring holds (older positions are compacted)",
             self.watch_oldest_index.clone(),
         );
+        r.register(
+            "kairos_otel_spans_dropped",
+            "Spans this process dropped instead of exporting over OTLP (queue full or export failed)",
+            self.otel_spans_dropped.clone(),
+        );
         self
     }
 
@@ -424,6 +431,7 @@ impl Metrics {
             .set(int(node.admission.limit() as u64));
         catch_up(&self.refused_writes, node.admission.refused_total());
         catch_up(&self.state_writes, node.sm.writes_total());
+        catch_up(&self.otel_spans_dropped, crate::otel::spans_dropped());
         self.unflushed_keys
             .set(int(node.sm.unflushed_keys() as u64));
         let watch = node.sm.watch();

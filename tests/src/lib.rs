@@ -125,7 +125,7 @@ fn build_bin(dir: &std::path::Path, package: &str, bin: &str) {
 /// taken from that range can be handed to some outgoing connection's local
 /// end before the node binds it ("address in use" at start). Random start,
 /// a bind to check it is free, never the same port twice in one process.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     use std::hash::{BuildHasher, Hasher};
     static GIVEN: std::sync::Mutex<Option<std::collections::HashSet<u16>>> =
         std::sync::Mutex::new(None);
@@ -579,6 +579,18 @@ pub fn every_job(id: &str, group: &str, every_ms: u64) -> pb::JobSpec {
         id: id.into(),
         schedule: Some(pb::Schedule {
             kind: Some(pb::schedule::Kind::EveryMs(every_ms)),
+        }),
+        group: group.into(),
+        ..Default::default()
+    }
+}
+
+/// A one-shot job due 100 ms after it is created.
+pub fn once_job(id: &str, group: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        schedule: Some(pb::Schedule {
+            kind: Some(pb::schedule::Kind::AfterMs(100)),
         }),
         group: group.into(),
         ..Default::default()

@@ -164,3 +164,51 @@ async fn a_flood_past_the_bound_is_refused_with_a_hint_and_nothing_else_changes(
         "leader or term changed"
     );
 }
+
+/// `Client::create_jobs` keeps many creates in flight on one client; the
+/// answers come back in the order of the specs, and a bad spec or an id that
+/// exists fails alone, in its own place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_client_gets_every_answer_in_its_place() {
+    const N: usize = 400;
+    const BAD: usize = 137;
+    const EXISTING: usize = 271;
+    let cluster = Cluster::start(3, &[]);
+    cluster.wait_leader().await;
+    let c = cluster.client();
+    create(&c, every_job(&format!("p-{EXISTING}"), "pipe", 60_000))
+        .await
+        .expect("create the job that will exist");
+    let specs: Vec<pb::JobSpec> = (0..N)
+        .map(|i| {
+            let mut spec = every_job(&format!("p-{i}"), "pipe", 60_000);
+            if i == BAD {
+                spec.group = "no spaces allowed".into();
+            }
+            spec
+        })
+        .collect();
+    let answers = c.create_jobs(specs, 64).await;
+    assert_eq!(answers.len(), N, "one answer per spec");
+    for (i, answer) in answers.iter().enumerate() {
+        match (i, answer) {
+            (BAD, Err(s)) => {
+                assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+                assert!(s.message().contains("group"), "{s:?}");
+            }
+            (EXISTING, Err(s)) => assert_eq!(s.code(), Code::AlreadyExists, "{s:?}"),
+            (_, Ok(job)) => {
+                let id = job.spec.as_ref().map(|s| s.id.as_str());
+                assert_eq!(
+                    id,
+                    Some(format!("p-{i}").as_str()),
+                    "answer {i} out of place"
+                );
+            }
+            (_, Err(s)) => panic!("p-{i}: {s:?}"),
+        }
+    }
+    let listed = list_jobs(&c).await;
+    assert_eq!(listed.len(), N - 1, "every spec but the bad one is a job");
+    assert!(!listed.contains(&format!("p-{BAD}")));
+}

@@ -109,13 +109,20 @@ async fn a_run_is_traced_counted_and_every_dashboard_metric_is_exported() {
     let second = step(&lines, "run dispatched", 2);
     let finished = step(&lines, "run finished", 2);
     assert_eq!(lines.len(), 5, "{lines:#?}");
-    for (node, v) in [fired, first, retry, second, finished] {
+    let steps = [
+        (fired, "run.fire"),
+        (first, "run.dispatch"),
+        (retry, "run.retry"),
+        (second, "run.dispatch"),
+        (finished, "run.finish"),
+    ];
+    for ((node, v), name) in steps {
         assert_eq!(node, leader, "logged by the leader: {v}");
         let span = &v["span"];
         assert_eq!(
             (&span["name"], &span["run"], &span["job"], &span["group"]),
             (
-                &"run".into(),
+                &name.into(),
                 &Value::from(id.as_str()),
                 &"story".into(),
                 &"obs".into()

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use kairos_client::worker::{Outcome, Task, Worker};
 use kairos_client::{pb, Client, OLDEST_INDEX_HEADER};
-use kairos_tests::{create, every_job, kairosctl_bin, wait_for, Cluster};
+use kairos_tests::{create, every_job, kairosctl_bin, once_job, wait_for, Cluster};
 use pb::WatchEventKind as K;
 use tonic::Code;
 
@@ -126,17 +126,6 @@ fn assert_in_log_order(events: &[pb::WatchEvent]) {
 
 fn after(e: &pb::WatchEvent) -> Option<(u64, u32)> {
     Some((e.index, e.seq + 1))
-}
-
-fn once_job(id: &str, group: &str) -> pb::JobSpec {
-    pb::JobSpec {
-        id: id.into(),
-        schedule: Some(pb::Schedule {
-            kind: Some(pb::schedule::Kind::AfterMs(100)),
-        }),
-        group: group.into(),
-        ..Default::default()
-    }
 }
 
 async fn job_call(c: &Client, id: &str, what: &str) {

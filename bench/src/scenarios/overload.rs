@@ -72,7 +72,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let workers = Workers::start(&t.endpoints, GROUP, o.workers, o.capacity);
     let setup = load::clients(&t.endpoints, o.clients).await?;
     eprintln!("overload: creating {n_peak} interval jobs every {every} ms");
-    let cs = create_jobs(&setup, interval_specs(0..n_peak, every), o.clients, {
+    let cs = create_jobs(&setup, interval_specs(0..n_peak, every), o.in_flight(), {
         Instant::now() + SETUP_LIMIT
     })
     .await;

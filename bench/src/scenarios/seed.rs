@@ -67,7 +67,13 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
         true => spec(format!("seed-b-{i}"), GROUP, cron(boundary_expr(period))),
         false => spec(format!("seed-h-{i}"), GROUP, cron(half_expr(i, period))),
     });
-    let cs = create_jobs(&clients, specs, o.clients, Instant::now() + CREATE_LIMIT).await;
+    let cs = create_jobs(
+        &clients,
+        specs,
+        o.in_flight(),
+        Instant::now() + CREATE_LIMIT,
+    )
+    .await;
     eprintln!(
         "seed-10k: {} created in {:?}; measuring for {dur:?}",
         cs.ok, cs.elapsed

@@ -39,7 +39,13 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let clients = Arc::new(load::clients(&t.endpoints, o.clients).await?);
     eprintln!("throughput: creating {n_jobs} interval jobs every {every} ms");
     let specs = (0..n_jobs).map(|i| spec(format!("tp-{i}"), GROUP, Kind::EveryMs(every)));
-    let cs = create_jobs(&clients, specs, o.clients, Instant::now() + CREATE_LIMIT).await;
+    let cs = create_jobs(
+        &clients,
+        specs,
+        o.in_flight(),
+        Instant::now() + CREATE_LIMIT,
+    )
+    .await;
     let warm = (dur / 5).clamp(Duration::from_secs(1), Duration::from_secs(5));
     tokio::time::sleep(warm).await;
     eprintln!("throughput: measuring for {dur:?}");

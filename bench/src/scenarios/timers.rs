@@ -1,6 +1,6 @@
 //! `timers-1m`: `--count` (default 1,000,000) pending one-shot `at_ms`
 //! timers 30 days ahead, created by `--clients` (64) concurrent clients, each
-//! on its own connection. Reports the create rate, RSS per node before and
+//! on its own connection with `--pipeline` calls in flight. Reports the create rate, RSS per node before and
 //! after (bytes per pending timer), on-disk bytes per timer (`du` of the data
 //! directories), and the time a SIGKILLed follower takes after restart to
 //! serve again (/readyz 200 and Cluster.Status through it) and to catch up.
@@ -33,20 +33,22 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let (rss0, disk0) = (t.samples(), t.disk());
     let base = wall_ms() + AHEAD_MS;
     eprintln!(
-        "timers-1m: creating {count} timers with {} clients",
-        o.clients
+        "timers-1m: creating {count} timers with {} clients, {} calls in flight each",
+        o.clients, o.pipeline
     );
     let specs = (0..count).map(|i| spec(format!("t-{i}"), GROUP, Kind::AtMs(base + i as i64)));
-    let cs = create_jobs(&clients, specs, o.clients, Instant::now() + limit).await;
+    let cs = create_jobs(&clients, specs, o.in_flight(), Instant::now() + limit).await;
     eprintln!("timers-1m: {} created in {:?}", cs.ok, cs.elapsed);
     let mut r = Report::new("timers-1m");
     r.set("timers_requested", count);
     r.set("timers_created", cs.ok + cs.existed);
     r.set("create_failures", cs.failed);
+    r.set("creates_refused_after_retries", cs.refused);
     r.set("create_skipped_time_limit", cs.skipped);
     r.set("create_s", cs.elapsed.as_secs_f64());
     r.set("creates_per_s", cs.per_s());
     r.set("clients", o.clients as u64);
+    r.set("pipeline", u64::from(o.pipeline));
     if let Some(e) = &cs.first_error {
         r.note(format!("create error: {e}"));
     }

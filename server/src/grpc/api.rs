@@ -8,6 +8,7 @@ use kairos_proto::v1::{
     self as pb, cluster_client::ClusterClient, jobs_client::JobsClient, runs_client::RunsClient,
 };
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::auth::{authorize, hash_secret, Need};
 use super::convert::{
@@ -40,14 +41,17 @@ macro_rules! forward {
         Caller {
             request_id: request_id(&$req),
             actor,
+            rpc: stringify!($method),
         }
     }};
 }
 
-/// Who makes a write: the token's name, and the client's request id.
+/// Who makes a write: the token's name, the client's request id, and the
+/// method called (`create_job`).
 struct Caller {
     request_id: Option<String>,
     actor: String,
+    rpc: &'static str,
 }
 
 /// The client's request id (`x-kairos-request-id`), if it sent one.
@@ -58,8 +62,19 @@ fn request_id<T>(req: &Request<T>) -> Option<String> {
 
 impl Api {
     /// Proposes a client write, recording who made it; with a request id it
-    /// is applied at most once.
+    /// is applied at most once. Inside a `client_write` span (admission,
+    /// proposal, commit and apply), exported with the run spans (`otel.rs`).
     async fn write(&self, who: Caller, cmd: Command) -> Result<R, Status> {
+        let span = tracing::info_span!(
+            "client_write",
+            rpc = who.rpc,
+            request_id = who.request_id.as_deref().unwrap_or(""),
+            actor = %who.actor,
+        );
+        self.propose(who, cmd).instrument(span).await
+    }
+
+    async fn propose(&self, who: Caller, cmd: Command) -> Result<R, Status> {
         let cmd = match who.actor.is_empty() {
             true => cmd,
             false => Command::Authored {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kairos_server::admission::Bounds;
-use kairos_server::{run, Config};
+use kairos_server::{otel, run, Config};
 
 mod config;
 mod playground;
@@ -217,10 +217,25 @@ pub struct ServeArgs {
     /// it is refused, unwritten.
     #[arg(long, env = "KAIROS_ADMIT_MAX_WAIT_MS", default_value_t = Bounds::default().max_wait_ms)]
     admit_max_wait_ms: u64,
+    /// Client writes admitted whatever the log backlog while fewer are in
+    /// flight (0..admit-max-commands; default 16, or admit-max-commands if
+    /// smaller), so writes keep a share of the log when committed fires alone
+    /// keep it past the bounds.
+    #[arg(long, env = "KAIROS_ADMIT_RESERVE")]
+    admit_reserve: Option<usize>,
     /// Log lines as `text` (human) or `json` (one object per line, with the
-    /// `run` span's fields: run, attempt, job, group, worker).
+    /// run step's span and its fields: run, attempt, job, group, worker).
     #[arg(long, env = "KAIROS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Export spans (fire, retry, dispatch, finish of each run; client
+    /// writes) over OTLP/gRPC to this `http://HOST:PORT` (a collector).
+    /// Unset: no exporter. Spans that cannot be sent are dropped and counted
+    /// (`kairos_otel_spans_dropped_total`); scheduling never waits for them.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// The exported spans' `service.name` (the node id is `kairos.node.id`).
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "kairos")]
+    otlp_service_name: String,
     /// Applied state is written to the store at least this often (0..60000
     /// ms; 0 writes after every applied batch). The log is what makes it
     /// durable: after a crash the node applies the log again from what was
@@ -239,17 +254,54 @@ enum LogFormat {
     Json,
 }
 
-/// Logs go to stderr; `RUST_LOG` overrides the default filter.
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+/// Logs go to stderr; `RUST_LOG` overrides the default filter. With an
+/// OTLP export, kairos' own info spans go to it too, whatever `RUST_LOG`
+/// says (the exporter's own traffic is never traced); without one no
+/// exporter layer is installed. Call inside the runtime (the exporter's
+/// channel lives there).
+fn init_logging(
+    format: LogFormat,
+    otlp: Option<&otel::Export>,
+) -> anyhow::Result<Option<otel::Flush>> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{filter, fmt, Layer};
+
+    let filter = filter::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,openraft=warn,sled=warn,h2=warn,tower=warn".into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().with_current_span(true).init(),
-    }
+    let logs = fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
+        LogFormat::Text => logs.with_filter(filter).boxed(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_filter(filter)
+            .boxed(),
+    };
+    let logging = tracing_subscriber::registry().with(logs);
+    let Some(export) = otlp else {
+        logging.init();
+        return Ok(None);
+    };
+    let (spans, flush) = export.start()?;
+    let ours = filter::Targets::new().with_target("kairos_server", tracing::Level::INFO);
+    logging.with(spans.with_filter(ours)).init();
+    tracing::info!(endpoint = %export.endpoint, "exporting spans over OTLP");
+    Ok(Some(flush))
+}
+
+/// The OTLP export `serve` asked for, validated (None: no endpoint).
+fn otlp_export(a: &ServeArgs) -> anyhow::Result<Option<otel::Export>> {
+    let Some(endpoint) = a.otlp_endpoint.clone().filter(|e| !e.is_empty()) else {
+        return Ok(None);
+    };
+    let export = otel::Export {
+        endpoint,
+        service_name: a.otlp_service_name.clone(),
+        node_id: a.id,
+    };
+    export.validate().map_err(anyhow::Error::msg)?;
+    Ok(Some(export))
 }
 
 fn parse_peers(list: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -357,6 +409,8 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
         max_backlog: a.admit_max_backlog,
         max_backlog_ms: a.admit_max_backlog_ms,
         max_wait_ms: a.admit_max_wait_ms,
+        reserve: (a.admit_reserve)
+            .unwrap_or_else(|| Bounds::default().reserve.min(a.admit_max_commands)),
     };
     if let Some(f) = &a.auth_token_file {
         let secret = std::fs::read_to_string(f)
@@ -417,13 +471,24 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve(a) => Cmd::Serve(with_config_file(a)?),
         other => other,
     };
-    init_logging(match &cmd {
-        Cmd::Serve(a) => a.log_format,
-        _ => LogFormat::Text,
-    });
+    let (format, otlp) = match &cmd {
+        Cmd::Serve(a) => (a.log_format, otlp_export(a)?),
+        _ => (LogFormat::Text, None),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let _in_rt = rt.enter();
+    let flush = init_logging(format, otlp.as_ref())?;
+    let done = run_cmd(&rt, cmd);
+    // Queued spans are sent while the runtime still runs.
+    if let Some(flush) = flush {
+        flush.shutdown();
+    }
+    done
+}
+
+fn run_cmd(rt: &tokio::runtime::Runtime, cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Serve(a) => rt.block_on(serve(a)),
         Cmd::Playground(p) => rt.block_on(playground::run(p)),
@@ -442,6 +507,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Config(ConfigCmd::Check { file }) => {
             let a = config::with_file(&file, Vec::new())?;
             node_config(&a)?;
+            otlp_export(&a)?;
             println!("{}: ok", file.display());
             Ok(())
         }
