@@ -342,13 +342,30 @@ async fn on_server_message<H, Fut>(
         }
         In::Cancel(c) => {
             let mut s = shared.lock().await;
-            if let Some((att, h)) = s.running.remove(&c.run_id) {
-                if att == c.attempt {
-                    h.abort();
-                } else {
-                    s.running.insert(c.run_id, (att, h));
-                }
+            let Some((att, h)) = s.running.remove(&c.run_id) else {
+                return;
+            };
+            if att != c.attempt {
+                s.running.insert(c.run_id, (att, h));
+                return;
             }
+            h.abort();
+            // The acknowledgement overlap `replace` waits for before it
+            // starts the next run (a server that already ended the
+            // attempt takes it as a duplicate).
+            let finish = pb::Finish {
+                run_id: c.run_id.clone(),
+                attempt: att,
+                error: "stopped: cancelled by the server".into(),
+                ..Default::default()
+            };
+            s.unacked.insert((c.run_id, att), finish.clone());
+            drop(s);
+            let _ = tx
+                .send(pb::WorkerMessage {
+                    msg: Some(Out::Finish(finish)),
+                })
+                .await;
         }
         In::Welcome(_) | In::Redirect(_) => {}
     }

@@ -113,6 +113,7 @@ fn change_of(e: &Effect) -> Option<(&str, &str, Change)> {
         | Effect::Cancel { .. }
         | Effect::Restored
         | Effect::FiringResumed
+        | Effect::Backfilled(_)
         | Effect::Misfired { .. } => return None,
     })
 }

@@ -2,7 +2,9 @@
 //! `--max-runs` fires exactly that many times and shows finished; `--end-at`
 //! stops a job; `cluster pause` stops all firing across a leader kill and
 //! `cluster resume` applies the misfire policy; a pause note is recorded
-//! and shown; label, state and prefix filters page through `job list`.
+//! and shown; label, state and prefix filters page through `job list`;
+//! (item 6) `buffer-all` runs overlapping occurrences in order, and
+//! `replace` starts the new run only once the worker stopped the old one.
 
 use std::time::Duration;
 
@@ -354,5 +356,61 @@ async fn buffer_all_runs_every_overlapping_occurrence_one_at_a_time_in_order() {
             "{}",
             w[1]
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replace_starts_the_new_run_only_after_the_worker_stopped_the_old_one() {
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader().await;
+    let _w = ShellWorker::start(&cluster, "g");
+    // A label needs log format 3, so the cluster is at it before the job exists.
+    let extra = [
+        "--overlap",
+        "replace",
+        "--payload",
+        "sleep 30",
+        "--label",
+        "t=replace",
+    ];
+    run(&cluster, &create_args("r", "1s", &extra));
+    let replaced = |runs: &Value| -> Vec<Value> {
+        (runs.as_array().unwrap().iter())
+            .filter(|r| r["state"] == "cancelled")
+            .cloned()
+            .collect()
+    };
+    wait_for("3 runs replaced", WAIT, || async {
+        let runs = cluster.kairosctl_json(&["runs", "list", "--job", "r"]);
+        (replaced(&runs).len() >= 3).then_some(())
+    })
+    .await;
+    run(&cluster, &["job", "pause", "r"]);
+    let runs = cluster.kairosctl_json(&["runs", "list", "--job", "r"]);
+    let started: Vec<&Value> = (runs.as_array().unwrap().iter())
+        .filter(|r| r["state"] != "skipped")
+        .collect();
+    for w in started.windows(2) {
+        if w[0]["state"] != "cancelled" {
+            continue;
+        }
+        // The worker's own finish ended it, not its 60 s lease.
+        assert_eq!(
+            w[0]["note"], "replaced: attempt 1 stopped (failed)",
+            "{}",
+            w[0]
+        );
+        assert!(
+            w[1]["fired_at_ms"].as_i64() >= w[0]["finished_at_ms"].as_i64(),
+            "{} started before {} stopped",
+            w[1]["run_id"],
+            w[0]["run_id"]
+        );
+        // Its own note, unless it was replaced in turn.
+        let notes = [
+            "overlap replace: started once the replaced run(s) stopped",
+            "replaced: attempt 1 stopped (failed)",
+        ];
+        assert!(notes.contains(&w[1]["note"].as_str().unwrap()), "{}", w[1]);
     }
 }

@@ -208,6 +208,7 @@ pub fn job(j: &pb::Job) -> Json {
         ),
         ("max_concurrent", s.max_concurrent.into()),
         ("queued_at_ms", j.queued_at_ms.clone().into()),
+        ("backfill", j.backfill.as_ref().map_or(Json::Null, backfill)),
         ("revision", j.revision.into()),
         ("created_at_ms", j.created_at_ms.into()),
         ("updated_at_ms", j.updated_at_ms.into()),
@@ -229,6 +230,20 @@ pub fn job(j: &pb::Job) -> Json {
         ("broadcast", s.broadcast.into()),
         ("keep_runs", s.keep_runs.into()),
         ("keep_for_ms", s.keep_for_ms.into()),
+    ])
+}
+
+fn backfill(b: &pb::Backfill) -> Json {
+    obj([
+        ("state", (&b.state).into()),
+        ("from_ms", b.from_ms.into()),
+        ("to_ms", b.to_ms.into()),
+        ("overlap", (&b.overlap).into()),
+        ("total", b.total.into()),
+        ("started", b.started.into()),
+        ("existing", b.existing.into()),
+        ("skipped", b.skipped.into()),
+        ("next_at_ms", b.next_at_ms.into()),
     ])
 }
 
@@ -256,6 +271,7 @@ pub fn run(r: &pb::Run) -> Json {
         ("received_at_ms", r.received_at_ms.into()),
         ("shard", r.shard.into()),
         ("shard_count", r.shard_count.into()),
+        ("backfill", (&r.backfill).into()),
     ])
 }
 

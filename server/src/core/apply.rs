@@ -13,6 +13,7 @@
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::backfill;
 use super::codec::{decode, encode};
 use super::command::{Command, CommandError, FinishReport, Response};
 use super::keys;
@@ -43,6 +44,9 @@ pub enum Effect {
     Misfired { group: String, policy: Misfire },
     /// Firing resumed cluster-wide: the leader reloads its wheel from state.
     FiringResumed,
+    /// A backfill created the occurrence of this (shard-0) run: its
+    /// lateness is chosen, not a delay, so the leader does not count it.
+    Backfilled(RunId),
     /// A job was created, changed, deleted, paused or resumed (for watchers;
     /// `group` is the job's group after the change).
     JobChanged {
@@ -141,7 +145,9 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::RestorePairs { now_ms, .. }
         | Command::Housekeep { now_ms, .. }
         | Command::PauseFiring { now_ms, .. }
-        | Command::ResumeFiring { now_ms } => *now_ms,
+        | Command::ResumeFiring { now_ms }
+        | Command::StartBackfill { now_ms, .. }
+        | Command::CancelBackfill { now_ms, .. } => *now_ms,
         Command::Dedup { command, .. }
         | Command::Authored { command, .. }
         | Command::SpecExtended { command, .. } => command_time(command),
@@ -263,6 +269,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             Command::Housekeep { max_deletes, .. } => self.housekeep(*max_deletes),
             Command::PauseFiring { note, .. } => self.pause_firing(note).map(Response::Firing),
             Command::ResumeFiring { .. } => Ok(Response::Firing(self.resume_firing())),
+            Command::StartBackfill {
+                id,
+                from_ms,
+                to_ms,
+                overlap,
+                ..
+            } => self
+                .start_backfill(id, *from_ms, *to_ms, *overlap)
+                .map(Response::Job),
+            Command::CancelBackfill { id, .. } => self.cancel_backfill(id).map(Response::Job),
             Command::Authored { actor, command } => {
                 if matches!(
                     **command,
@@ -369,6 +385,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 keys::RETENTION_DUE => keys::retention_job_from(k).is_some(),
                 keys::DOWNSTREAM => keys::downstream_from(k).is_some(),
                 keys::RUN_INPUTS => decode::<Vec<(String, RunId)>>(v).is_ok(),
+                keys::RUN_BACKFILL => decode::<(i64, i64)>(v).is_ok(),
                 _ => keys::wheel_from(k).is_some(),
             };
             if !ok {
@@ -647,6 +664,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             cycle: Cycle::default(),
             max_concurrent: spec.max_concurrent,
             queued: Vec::new(),
+            backfill: None,
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now)?;
@@ -733,6 +751,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.unlink_upstreams(&job);
         self.set_next(&mut job, None);
+        self.set_backfill_step(&mut job, None);
         self.cancel_active_runs(&mut job, "job deleted");
         self.set_retention_due(&mut job, None);
         if job.history_len > 0 {
@@ -844,8 +863,13 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         self.start_run(&mut job, self.now, "manual trigger".to_string());
         self.put_job(&job);
-        self.run_rec(&run_id)
-            .ok_or_else(|| CommandError::RunNotFound(run_id.to_string()))
+        if let Some(run) = self.run_rec(&run_id) {
+            return Ok(run);
+        }
+        // Held by overlap `replace` until the runs it replaces stop: the run
+        // it will be, not stored yet.
+        let note = "manual trigger: starts once the replaced run(s) stop";
+        Ok(self.new_run(&job, run_id, 1, RunState::Pending, note.into()))
     }
 
     // ------------------------------------------------------------ cluster firing pause
@@ -933,6 +957,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 Ok(true)
             }
             EntryKind::Retry => Ok(self.fire_retry(&key.run_id(), key.fire_at_ms)),
+            EntryKind::Backfill => Ok(self.backfill_step(&key.job, key.fire_at_ms)),
         }
     }
 
@@ -1112,10 +1137,61 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                     return;
                 }
                 Overlap::Replace => {
-                    self.cancel_active_runs(job, &format!("replaced by occurrence {scheduled}"))
+                    let why = format!("replaced by occurrence {scheduled}");
+                    if !self.replace_waits() {
+                        self.cancel_active_runs(job, &why);
+                    } else if self.stop_for_replacement(job, &why) {
+                        if let Some(older) = job.buffered_at_ms.replace(scheduled) {
+                            let note = "overlap replace: superseded by a newer occurrence";
+                            self.record_skipped(job, older, note.into());
+                        }
+                        return;
+                    }
                 }
             }
         }
+        self.create_runs(job, scheduled, note);
+    }
+
+    /// Whether `replace` waits for the runs it cancels to stop: since log
+    /// format 3, so every member of a cluster decides it the same way.
+    fn replace_waits(&self) -> bool {
+        query::log_format(&self.o) >= 3
+    }
+
+    /// Whether the job's active runs are being replaced: a `replace`
+    /// occurrence waits (in `buffered_at_ms`) for them to stop.
+    fn being_replaced(&self, job: &Job) -> bool {
+        job.policy.overlap == Overlap::Replace
+            && job.buffered_at_ms.is_some()
+            && self.replace_waits()
+    }
+
+    /// Overlap `replace`: cancels at once the runs no worker holds, and asks
+    /// the workers of running ones to stop. True while some still run: each
+    /// ends when its worker's finish arrives or its lease runs out.
+    fn stop_for_replacement(&mut self, job: &mut Job, why: &str) -> bool {
+        let mut running = false;
+        for run in self.active_runs_of(job) {
+            if run.state != RunState::Running {
+                self.cancel_run(run, why);
+                job.active_runs = job.active_runs.saturating_sub(1);
+                self.after_finish(job, true);
+                continue;
+            }
+            self.effects.push(Effect::Cancel {
+                run: run.id.clone(),
+                attempt: run.attempt,
+            });
+            running = true;
+        }
+        running
+    }
+
+    /// Creates the occurrence's runs, one per shard, whatever else runs
+    /// (the caller applied its overlap policy); past `ACTIVE_RUNS_MAX` the
+    /// occurrence is recorded skipped instead.
+    fn create_runs(&mut self, job: &mut Job, scheduled: i64, note: String) {
         let shards = self.fanout(job);
         if job.active_runs.saturating_add(shards) > limits::ACTIVE_RUNS_MAX {
             let note = format!(
@@ -1138,29 +1214,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Cancels the job's active runs: at most `ACTIVE_RUNS_MAX`, since no
     /// more are ever started.
     fn cancel_active_runs(&mut self, job: &mut Job, why: &str) {
-        let prefix = keys::active_of(&job.id);
-        let limit = limits::ACTIVE_RUNS_MAX as usize;
-        let active = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
-        for (k, _) in active {
-            let Some(id) = keys::run_id_from(&k) else {
-                continue;
-            };
-            let Some(mut run) = self.run_rec(&id) else {
-                continue;
-            };
-            self.effects.push(Effect::Cancel {
-                run: id.clone(),
-                attempt: run.attempt,
-            });
-            self.effects.push(Effect::Ended {
-                run: id,
-                attempt: run.attempt,
-            });
-            run.state = RunState::Cancelled;
-            run.finished_at_ms = self.now;
-            run.note = why.to_string();
-            self.finished(&run);
-            self.save_run(&run);
+        for run in self.active_runs_of(job) {
+            self.cancel_run(run, why);
         }
         if job.active_runs > 0 {
             self.after_finish(job, true);
@@ -1174,6 +1229,35 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
     }
 
+    /// The job's runs not yet terminal: at most `ACTIVE_RUNS_MAX`, since no
+    /// more are ever started.
+    fn active_runs_of(&self, job: &Job) -> Vec<Run> {
+        let prefix = keys::active_of(&job.id);
+        let limit = limits::ACTIVE_RUNS_MAX as usize;
+        let active = self.o.range(&prefix, &keys::prefix_end(&prefix), limit);
+        (active.iter())
+            .filter_map(|(k, _)| self.run_rec(&keys::run_id_from(k)?))
+            .collect()
+    }
+
+    /// Ends an active run as cancelled, telling its worker to stop. The
+    /// caller keeps the job's count.
+    fn cancel_run(&mut self, mut run: Run, why: &str) {
+        self.effects.push(Effect::Cancel {
+            run: run.id.clone(),
+            attempt: run.attempt,
+        });
+        self.effects.push(Effect::Ended {
+            run: run.id.clone(),
+            attempt: run.attempt,
+        });
+        run.state = RunState::Cancelled;
+        run.finished_at_ms = self.now;
+        run.note = why.to_string();
+        self.finished(&run);
+        self.save_run(&run);
+    }
+
     /// A run left the active set: update the job's count and start a buffered occurrence.
     fn end_run(&mut self, run: &Run) {
         self.effects.push(Effect::Ended {
@@ -1183,9 +1267,17 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let Ok(mut job) = self.job(&run.id.job) else {
             return;
         };
+        let replacing = self.being_replaced(&job);
         job.active_runs = job.active_runs.saturating_sub(1);
         self.after_finish(&mut job, true);
-        if job.active_runs < job.capacity() {
+        if replacing {
+            // The replacement starts once every run it replaces has stopped.
+            if let Some(b) = job.buffered_at_ms.filter(|_| job.active_runs == 0) {
+                job.buffered_at_ms = None;
+                let note = "overlap replace: started once the replaced run(s) stopped";
+                self.start_run(&mut job, b, note.into());
+            }
+        } else if job.active_runs < job.capacity() {
             if let Some(b) = job.buffered_at_ms.take() {
                 self.start_run(
                     &mut job,
@@ -1202,6 +1294,149 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
         }
         self.put_job(&job);
+    }
+
+    // ------------------------------------------------------------ backfill
+
+    fn start_backfill(
+        &mut self,
+        id: &str,
+        from_ms: i64,
+        to_ms: i64,
+        overlap: BackfillOverlap,
+    ) -> Result<Job, CommandError> {
+        let mut job = self.job(id)?;
+        if let Some(b) = job.backfill.as_ref().filter(|b| b.in_progress()) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} has a backfill in progress ({} of {} occurrences of [{}, {})): \
+                 wait for it or cancel it (kairosctl job backfill {id} --cancel)",
+                b.done(),
+                b.total,
+                b.from_ms,
+                b.to_ms
+            )));
+        }
+        if job.workflow.is_some() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} runs on its upstreams' cycles; a backfill would run it without one"
+            )));
+        }
+        let (first, total) = backfill::plan(&job.schedule, from_ms, to_ms, self.now)?;
+        job.backfill = Some(Backfill {
+            from_ms,
+            to_ms,
+            overlap,
+            schedule: job.schedule.clone(),
+            next_ms: Some(first),
+            total,
+            started: 0,
+            existing: 0,
+            skipped: 0,
+            by: self.actor.to_string(),
+            started_at_ms: self.now,
+            ended_at_ms: None,
+            cancelled: false,
+            step_at_ms: None,
+        });
+        self.set_backfill_step(&mut job, Some(self.now));
+        self.put_job(&job);
+        Ok(job)
+    }
+
+    fn cancel_backfill(&mut self, id: &str) -> Result<Job, CommandError> {
+        let mut job = self.job(id)?;
+        if !job.backfill.as_ref().is_some_and(Backfill::in_progress) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id:?} has no backfill in progress"
+            )));
+        }
+        self.set_backfill_step(&mut job, None);
+        if let Some(b) = job.backfill.as_mut() {
+            b.cancelled = true;
+            b.ended_at_ms = Some(self.now);
+        }
+        self.put_job(&job);
+        Ok(job)
+    }
+
+    /// Moves the backfill's one step entry to `at` (or removes it).
+    fn set_backfill_step(&mut self, job: &mut Job, at: Option<i64>) {
+        let Some(b) = job.backfill.as_mut() else {
+            return;
+        };
+        if let Some(old) = b.step_at_ms.take() {
+            self.o
+                .delete(keys::wheel(&WheelKey::backfill(&job.id, old)));
+        }
+        if let Some(at) = at {
+            b.step_at_ms = Some(at);
+            self.schedule_entry(WheelKey::backfill(&job.id, at));
+        }
+    }
+
+    /// One step: up to `BACKFILL_STEP_OCCURRENCES` occurrences from the
+    /// cursor, in order; the next step follows `BACKFILL_STEP_MS` later
+    /// until the range is done. A paused job's backfill waits. False for a
+    /// stale entry.
+    fn backfill_step(&mut self, id: &str, at_ms: i64) -> bool {
+        let Ok(mut job) = self.job(id) else {
+            return false;
+        };
+        let Some(mut b) = job.backfill.take().filter(|b| b.step_at_ms == Some(at_ms)) else {
+            return false;
+        };
+        b.step_at_ms = None;
+        let mut budget = if job.paused {
+            0
+        } else {
+            limits::BACKFILL_STEP_OCCURRENCES
+        };
+        while let (Some(at), true) = (b.next_ms, budget > 0) {
+            if !self.backfill_occurrence(&mut job, &mut b, at) {
+                break;
+            }
+            // A schedule error (none is stored valid and then fails) ends the range.
+            b.next_ms = backfill::next_in(&b.schedule, at, b.to_ms).unwrap_or(None);
+            budget -= 1;
+        }
+        let more = b.next_ms.is_some();
+        if !more {
+            b.ended_at_ms = Some(self.now);
+        }
+        job.backfill = Some(b);
+        let step = self.now.saturating_add(limits::BACKFILL_STEP_MS);
+        self.set_backfill_step(&mut job, more.then_some(step));
+        self.put_job(&job);
+        true
+    }
+
+    /// Creates the backfilled occurrence at `at`, marking its runs; false
+    /// when it must wait for room (overlap `buffer-all`).
+    fn backfill_occurrence(&mut self, job: &mut Job, b: &mut Backfill, at: i64) -> bool {
+        let id = RunId::new(&job.id, at);
+        if self.run_rec(&id).is_some() {
+            b.existing += 1;
+            return true;
+        }
+        let full = job.active_runs >= job.capacity();
+        if full && b.overlap == BackfillOverlap::BufferAll {
+            return false;
+        }
+        let range = format!("backfill [{}, {})", b.from_ms, b.to_ms);
+        if full && b.overlap == BackfillOverlap::Skip {
+            self.record_skipped(job, at, format!("{range}: the job was busy (overlap skip)"));
+        } else {
+            self.create_runs(job, at, range);
+        }
+        match self.run_rec(&id).map(|r| r.state) {
+            Some(RunState::Skipped) => b.skipped += 1,
+            _ => {
+                b.started += 1;
+                self.effects.push(Effect::Backfilled(id.clone()));
+            }
+        }
+        self.put(keys::run_backfill(&id), &(b.from_ms, b.to_ms));
+        true
     }
 
     // ------------------------------------------------------------ workflows
@@ -1443,6 +1678,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 break;
             }
             self.o.delete(keys::run_inputs(&run.id));
+            self.o.delete(keys::run_backfill(&run.id));
             self.o.delete(key);
             job.history_len = job.history_len.saturating_sub(1);
             removed += 1;
@@ -1543,6 +1779,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         for (k, _) in rows {
             if let Some(id) = keys::run_id_from(&k) {
                 self.o.delete(keys::run_inputs(&id));
+                self.o.delete(keys::run_backfill(&id));
             }
             self.o.delete(k);
         }
@@ -1694,7 +1931,17 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     /// Retries with exponential backoff while attempts remain, else ends the run as `last`.
     fn fail_attempt(&mut self, mut run: Run, retryable: bool, last: RunState, jitter_ms: u64) {
-        let policy = self.policy(&run.id.job);
+        let job = self.job(&run.id.job).ok();
+        if job.as_ref().is_some_and(|j| self.being_replaced(j)) {
+            // Its worker stopped it (or its lease ran out) after a replace asked it to.
+            run.note = format!(
+                "replaced: attempt {} stopped ({})",
+                run.attempt,
+                last.as_str()
+            );
+            return self.conclude(run, RunState::Cancelled);
+        }
+        let policy = job.map(|j| j.policy).unwrap_or_default();
         if retryable && run.attempt < policy.max_attempts {
             let exp = run.attempt.saturating_sub(1).min(20);
             let backoff = policy

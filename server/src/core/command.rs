@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::codec::{check_format, decode, encode, FormatError};
 use super::keys;
 use super::types::{
-    Job, JobSpec, Overlap, PauseNote, Run, RunId, ScheduleInput, SpecExt, Token, WheelKey,
+    BackfillOverlap, EntryKind, Job, JobSpec, Overlap, PauseNote, Run, RunId, ScheduleInput,
+    SpecExt, Token, WheelKey,
 };
 
 /// The newest log format this binary reads and can write. A leader writes
@@ -23,7 +24,9 @@ use super::types::{
 /// Quartz schedules); what a node that does not report its format reads.
 /// 2: the `ActivateLogFormat` command.
 /// 3: job bounds and labels (`SpecExtended`), pause notes (`PauseJobNoted`),
-/// the cluster firing switch (`PauseFiring`, `ResumeFiring`). bincode is not
+/// the cluster firing switch (`PauseFiring`, `ResumeFiring`), backfills
+/// (`StartBackfill`, `CancelBackfill`, `Backfill` wheel keys in `Fire`), and
+/// overlap `replace` waiting for the runs it replaces. bincode is not
 /// self-describing: what older formats lack travels in appended variants,
 /// never in fields added to existing ones, so format 1 and 2 entries keep
 /// decoding as they were written.
@@ -251,14 +254,31 @@ pub enum Command {
     ResumeFiring {
         now_ms: i64,
     },
+    /// Starts a backfill of job `id`: its occurrences in `[from_ms, to_ms)`
+    /// (a past range of at most `limits::BACKFILL_OCCURRENCES_MAX`) created
+    /// as runs in order, a step at a time (`core::backfill`).
+    StartBackfill {
+        id: String,
+        from_ms: i64,
+        to_ms: i64,
+        overlap: BackfillOverlap,
+        now_ms: i64,
+    },
+    /// Stops job `id`'s backfill in progress; runs it created stay.
+    CancelBackfill {
+        id: String,
+        now_ms: i64,
+    },
 }
 
 /// A restored key-value pair only format-3 readers take: a workflow index
-/// or input key, or a job record with an extension tail.
+/// or input key, a run's backfill mark, a backfill step entry, or a job
+/// record with an extension tail.
 fn restored_needs_format_3(k: &[u8], v: &[u8]) -> bool {
     match k.first() {
-        Some(&keys::DOWNSTREAM | &keys::RUN_INPUTS) => true,
+        Some(&keys::DOWNSTREAM | &keys::RUN_INPUTS | &keys::RUN_BACKFILL) => true,
         Some(&keys::JOB) => Job::record_has_tail(v),
+        Some(&keys::WHEEL) => keys::wheel_from(k).is_some_and(|w| w.kind == EntryKind::Backfill),
         _ => false,
     }
 }
@@ -281,10 +301,13 @@ impl Command {
             {
                 3
             }
+            Command::Fire { keys, .. } if keys.iter().any(|k| k.kind == EntryKind::Backfill) => 3,
             Command::SpecExtended { .. }
             | Command::PauseJobNoted { .. }
             | Command::PauseFiring { .. }
-            | Command::ResumeFiring { .. } => 3,
+            | Command::ResumeFiring { .. }
+            | Command::StartBackfill { .. }
+            | Command::CancelBackfill { .. } => 3,
             Command::Dedup { command, .. } | Command::Authored { command, .. } => {
                 command.min_format()
             }

@@ -28,11 +28,14 @@ pub const DOWNSTREAM: u8 = b'u';
 /// The upstream runs a workflow run consumed, by the run's shard-0 id
 /// (log format 3).
 pub const RUN_INPUTS: u8 = b'i';
+/// The backfill range a run was created by, by the run's shard-0 id (log
+/// format 3). Kept apart from the run record, whose encoding is format 8's.
+pub const RUN_BACKFILL: u8 = b'b';
 /// Present while a restore from a backup is being applied.
 pub const META_RESTORE: &[u8] = b"mrestore_in_progress";
 /// Key spaces a backup restores: the scheduling state and its housekeeping
 /// indexes. Meta, tokens and the dedup table belong to the new cluster.
-pub const RESTORED_SPACES: [u8; 9] = [
+pub const RESTORED_SPACES: [u8; 10] = [
     JOB,
     RUN,
     WHEEL,
@@ -42,6 +45,7 @@ pub const RESTORED_SPACES: [u8; 9] = [
     RETENTION_DUE,
     DOWNSTREAM,
     RUN_INPUTS,
+    RUN_BACKFILL,
 ];
 /// Number of entries in the dedup table.
 pub const META_DEDUP_COUNT: &[u8] = b"mdedup_count";
@@ -81,7 +85,8 @@ pub const META_TZDATA: &[u8] = b"mtzdata";
 /// Quartz cron schedules, appended to the schedule enums.
 /// Since log format 3 (still state format 8), a job record may end with an
 /// extension (bounds, labels, fired count, finished time, pause note:
-/// `Job::to_record`) and `mfiring_paused` may be set. Only format-3
+/// `Job::to_record`) and `mfiring_paused` may be set; backfills add wheel
+/// entries of kind 3 and the `b` key space. Only format-3
 /// commands write them, and the cluster activates format 3 only once every
 /// member reads it, so a binary that would not read them never meets them.
 pub const STATE_VERSION: u32 = 8;
@@ -178,6 +183,11 @@ pub fn run_inputs(run: &RunId) -> Vec<u8> {
     run_like(RUN_INPUTS, &RunId::new(&run.job, run.scheduled_at_ms))
 }
 
+/// The backfill that created the occurrence of `job` at `scheduled_at_ms`.
+pub fn run_backfill(run: &RunId) -> Vec<u8> {
+    run_like(RUN_BACKFILL, &RunId::new(&run.job, run.scheduled_at_ms))
+}
+
 pub fn deleted_job(id: &str) -> Vec<u8> {
     named(DELETED_JOB, id)
 }
@@ -229,6 +239,7 @@ pub fn wheel_from(key: &[u8]) -> Option<WheelKey> {
     let kind = match *rest.get(8)? {
         1 => EntryKind::Occurrence,
         2 => EntryKind::Retry,
+        3 => EntryKind::Backfill,
         _ => return None,
     };
     let scheduled_at_ms = time_from(rest.get(9..)?)?;

@@ -5,6 +5,7 @@
 //! I/O; every time value arrives inside the command.
 
 pub mod apply;
+pub mod backfill;
 pub mod codec;
 pub mod command;
 pub mod keys;

@@ -1076,7 +1076,7 @@ fn overlap_buffer_one_starts_the_held_occurrence_when_the_active_run_ends() {
 }
 
 #[test]
-fn overlap_replace_cancels_the_active_run_and_starts_the_new_one() {
+fn overlap_replace_before_log_format_3_cancels_the_active_run_and_starts_the_new_one_at_once() {
     let mut sim = busy_job(Overlap::Replace);
     let a = sim.fire(T0 + 2000, vec![occ("a", T0 + 2000)]);
 
@@ -2244,5 +2244,6 @@ fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
     assert_eq!(last.id, rid("a", T0 + 1000 + n as i64 - 1));
 }
 
+mod backfill;
 mod schedules;
 mod workflows;

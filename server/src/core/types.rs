@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::codec::{decode_prefix, encode};
 pub use super::workflow::{Cycle, OnUpstreamFailure, Seen, TriggerRule, Workflow};
 
+pub use super::backfill::{Backfill, BackfillOverlap};
 pub use super::schedule::Schedule;
 
 /// Limits shared by validation and documentation (README "Limits").
@@ -110,6 +111,13 @@ pub mod limits {
     /// Bytes of the merged upstream results handed to a workflow run; an
     /// upstream whose result would pass it is named instead.
     pub const UPSTREAM_RESULTS_MAX_BYTES: usize = 4 << 20;
+    /// Occurrences one backfill may cover; a longer range is refused.
+    pub const BACKFILL_OCCURRENCES_MAX: u32 = 1000;
+    /// Occurrences one backfill step creates (or finds already run).
+    pub const BACKFILL_STEP_OCCURRENCES: u32 = 16;
+    /// Time between a backfill's steps: with the step size, at most 64
+    /// occurrences a second.
+    pub const BACKFILL_STEP_MS: i64 = 250;
 }
 
 /// How the dispatcher picks a worker of the job's group for each attempt.
@@ -449,6 +457,9 @@ pub struct Job {
     /// Occurrences waiting under `buffer-all`, oldest first.
     #[serde(skip)]
     pub queued: Vec<i64>,
+    /// The job's latest backfill: in progress, or how it ended.
+    #[serde(skip)]
+    pub backfill: Option<Backfill>,
 }
 
 /// A job record's tail: the fields state format 8's record lacks.
@@ -463,6 +474,7 @@ struct JobExt {
     cycle: Cycle,
     max_concurrent: Option<u32>,
     queued: Vec<i64>,
+    backfill: Option<Backfill>,
 }
 
 impl Job {
@@ -489,6 +501,7 @@ impl Job {
             cycle: self.cycle.clone(),
             max_concurrent: self.max_concurrent,
             queued: self.queued.clone(),
+            backfill: self.backfill.clone(),
         };
         if ext != JobExt::default() {
             out.extend(encode(&ext));
@@ -520,6 +533,7 @@ impl Job {
             job.cycle = ext.cycle;
             job.max_concurrent = ext.max_concurrent;
             job.queued = ext.queued;
+            job.backfill = ext.backfill;
         }
         Ok(job)
     }
@@ -659,6 +673,8 @@ pub enum EntryKind {
     Occurrence = 1,
     /// The next attempt of a run after its backoff.
     Retry = 2,
+    /// The next step of a job's backfill (log format 3).
+    Backfill = 3,
 }
 
 /// Key of a wheel entry; the durable index sorts by `fire_at_ms` first.
@@ -692,6 +708,13 @@ impl WheelKey {
             job: run.job.clone(),
             scheduled_at_ms: run.scheduled_at_ms,
             shard: run.shard,
+        }
+    }
+
+    pub fn backfill(job: &str, at_ms: i64) -> Self {
+        WheelKey {
+            kind: EntryKind::Backfill,
+            ..Self::occurrence(job, at_ms)
         }
     }
 

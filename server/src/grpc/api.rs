@@ -12,7 +12,8 @@ use tracing::Instrument;
 
 use super::auth::{authorize, hash_secret, Need};
 use super::convert::{
-    firing_out, job_filter_in, job_out, job_stats_out, page_size, run_out, schedule_in, spec_in,
+    backfill_overlap_in, firing_out, job_filter_in, job_out, job_stats_out, page_size,
+    run_marked_out, schedule_in, spec_in,
 };
 use super::{error, forwarded, read_barrier, route, write_now_ms};
 use crate::backup;
@@ -100,6 +101,11 @@ impl Api {
             R::Error(e) => Err(error::command(e)),
             r => Ok(r),
         }
+    }
+
+    /// A run with the backfill that created it.
+    fn run_out(&self, r: &crate::core::Run) -> pb::Run {
+        run_marked_out(r, self.node.sm.run_backfill(&r.id))
     }
 
     async fn write_job(&self, rid: Caller, cmd: Command) -> Result<Response<pb::Job>, Status> {
@@ -294,9 +300,37 @@ impl pb::jobs_server::Jobs for Api {
             )
             .await?
         {
-            R::Run(run) => Ok(Response::new(run_out(&run))),
+            R::Run(run) => Ok(Response::new(self.run_out(&run))),
             other => Err(Status::internal(format!("unexpected response {other:?}"))),
         }
+    }
+
+    async fn backfill_job(
+        &self,
+        req: Request<pb::BackfillJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let rid = forward!(self, req, Need::Write, JobsClient, backfill_job);
+        let r = req.into_inner();
+        Self::job_id(&r.id)?;
+        let cmd = Command::StartBackfill {
+            overlap: backfill_overlap_in(&r.overlap)?,
+            id: r.id,
+            from_ms: r.from_ms,
+            to_ms: r.to_ms,
+            now_ms: write_now_ms(&self.node).await?,
+        };
+        self.write_job(rid, cmd).await
+    }
+
+    async fn cancel_backfill(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
+        let rid = forward!(self, req, Need::Write, JobsClient, cancel_backfill);
+        let id = req.into_inner().id;
+        Self::job_id(&id)?;
+        let cmd = Command::CancelBackfill {
+            id,
+            now_ms: write_now_ms(&self.node).await?,
+        };
+        self.write_job(rid, cmd).await
     }
 
     async fn next_fires(
@@ -365,7 +399,7 @@ impl pb::runs_server::Runs for Api {
         Ok(Response::new(pb::ListRunsResponse {
             next_after_scheduled_at_ms: next.map_or(0, |id| id.scheduled_at_ms),
             next_after_shard: next.map_or(0, |id| id.shard),
-            runs: runs.iter().map(run_out).collect(),
+            runs: runs.iter().map(|r| self.run_out(r)).collect(),
         }))
     }
 
@@ -379,7 +413,7 @@ impl pb::runs_server::Runs for Api {
             .sm
             .get_run(&run_id)
             .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
-        let mut out = run_out(&run);
+        let mut out = self.run_out(&run);
         out.upstream_runs = (self.node.sm.run_inputs(&run_id).iter())
             .map(|(_, r)| r.to_string())
             .collect();
@@ -394,7 +428,7 @@ impl pb::runs_server::Runs for Api {
             now_ms: write_now_ms(&self.node).await?,
         };
         match self.write(rid, cmd).await? {
-            R::Run(run) => Ok(Response::new(run_out(&run))),
+            R::Run(run) => Ok(Response::new(self.run_out(&run))),
             other => Err(Status::internal(format!("unexpected response {other:?}"))),
         }
     }
@@ -425,7 +459,7 @@ impl pb::runs_server::Runs for Api {
             page.next_after
         };
         Ok(Response::new(pb::SearchRunsResponse {
-            runs: runs.iter().map(run_out).collect(),
+            runs: runs.iter().map(|r| self.run_out(r)).collect(),
             next_page_token: next.map(|id| id.to_string()).unwrap_or_default(),
         }))
     }

@@ -6,8 +6,9 @@ use tonic::Status;
 use crate::core::query::JobFilter;
 use crate::core::stats::JobStats;
 use crate::core::{
-    limits, validate, Bounds, Fanout, Job, JobSpec, JobState, Labels, Misfire, OnUpstreamFailure,
-    Overlap, PauseNote, Policy, Route, Run, RunState, ScheduleInput, TriggerRule, Workflow,
+    limits, validate, Backfill, BackfillOverlap, Bounds, Fanout, Job, JobSpec, JobState, Labels,
+    Misfire, OnUpstreamFailure, Overlap, PauseNote, Policy, Route, Run, RunState, ScheduleInput,
+    TriggerRule, Workflow,
 };
 
 fn invalid(msg: impl Into<String>) -> Status {
@@ -293,6 +294,45 @@ pub fn job_out(j: &Job) -> pb::Job {
             .unwrap_or_default(),
         downstream: Vec::new(),
         queued_at_ms: j.queued.clone(),
+        backfill: j.backfill.as_ref().map(backfill_out),
+    }
+}
+
+fn backfill_out(b: &Backfill) -> pb::Backfill {
+    pb::Backfill {
+        from_ms: b.from_ms,
+        to_ms: b.to_ms,
+        overlap: b.overlap.as_str().into(),
+        state: b.state().into(),
+        total: b.total,
+        started: b.started,
+        existing: b.existing,
+        skipped: b.skipped,
+        next_at_ms: b.next_ms.filter(|_| b.in_progress()).unwrap_or(0),
+        started_by: b.by.clone(),
+        started_at_ms: b.started_at_ms,
+        ended_at_ms: b.ended_at_ms.unwrap_or(0),
+    }
+}
+
+/// `BackfillJobRequest.overlap` (empty: buffer-all).
+pub fn backfill_overlap_in(s: &str) -> Result<BackfillOverlap, Status> {
+    if s.is_empty() {
+        return Ok(BackfillOverlap::default());
+    }
+    BackfillOverlap::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = BackfillOverlap::ALL.iter().map(|o| o.as_str()).collect();
+        invalid(format!("overlap: {s:?} is not one of {}", names.join(", ")))
+    })
+}
+
+/// A run as the API shows it, with the range of the backfill that created it.
+pub fn run_marked_out(r: &Run, backfill: Option<(i64, i64)>) -> pb::Run {
+    pb::Run {
+        backfill: backfill
+            .map(|(from, to)| format!("[{from}, {to})"))
+            .unwrap_or_default(),
+        ..run_out(r)
     }
 }
 
@@ -403,6 +443,7 @@ pub fn run_out(r: &Run) -> pb::Run {
         shard: r.id.shard,
         shard_count: r.shard_count,
         upstream_runs: Vec::new(),
+        backfill: String::new(),
     }
 }
 

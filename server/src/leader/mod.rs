@@ -17,7 +17,7 @@ use rand::Rng;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::time::sleep;
 
-use crate::core::{limits, Command, Effect, ReadyRun, Response, WheelKey};
+use crate::core::{limits, Command, Effect, ReadyRun, Response, RunId, WheelKey};
 use crate::node::Node;
 use crate::runlog;
 use wheel::TimingWheel;
@@ -318,16 +318,26 @@ impl Term {
             self.reload_wheel();
         }
         let d = &self.node.dispatcher;
+        let backfilled: Vec<&RunId> = batch
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Backfilled(run) => Some(run),
+                _ => None,
+            })
+            .collect();
         for e in batch {
             match e {
-                Effect::Restored | Effect::FiringResumed => {}
+                Effect::Restored | Effect::FiringResumed | Effect::Backfilled(_) => {}
                 Effect::Scheduled(k) => {
                     if self.is_loaded(k) {
                         self.wheel.insert(k.clone(), k.fire_at_ms);
                     }
                 }
                 Effect::Ready(r) => {
-                    self.on_ready(r);
+                    let chosen = backfilled.iter().any(|b| {
+                        (&b.job, b.scheduled_at_ms) == (&r.run.job, r.run.scheduled_at_ms)
+                    });
+                    self.on_ready(r, chosen);
                     d.ready(r.clone())
                 }
                 Effect::Ended { run, attempt } => d.ended(run, *attempt),
@@ -344,10 +354,11 @@ impl Term {
         self.node.dispatch_now();
     }
 
-    /// Counts and logs an attempt that became ready (the fire, or a retry).
-    fn on_ready(&self, r: &ReadyRun) {
+    /// Counts and logs an attempt that became ready (the fire, or a retry);
+    /// a backfilled occurrence is late by choice and not counted as a fire.
+    fn on_ready(&self, r: &ReadyRun, backfilled: bool) {
         let late_ms = self.node.clock.now_ms() - r.run.scheduled_at_ms;
-        if r.attempt == 1 {
+        if r.attempt == 1 && !backfilled {
             self.node.metrics.fired(&r.group, late_ms);
         }
         runlog::ready(r, late_ms);

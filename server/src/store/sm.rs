@@ -363,6 +363,11 @@ impl StateMachine {
         self.meta(&keys::run_inputs(id)).unwrap_or_default()
     }
 
+    /// The range of the backfill that created the run, if one did.
+    pub fn run_backfill(&self, id: &RunId) -> Option<(i64, i64)> {
+        self.meta(&keys::run_backfill(id))
+    }
+
     /// Jobs that declare `job` as an upstream, at most `DOWNSTREAMS_MAX`.
     pub fn downstreams(&self, job: &str) -> Vec<String> {
         let prefix = keys::downstream_of(job);

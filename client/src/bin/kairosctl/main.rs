@@ -163,6 +163,27 @@ enum JobCmd {
     Trigger {
         id: String,
     },
+    /// Run the job's occurrences of a past range [--from, --to) now, in
+    /// order, at most 16 every 250 ms, each marked as a backfill; an
+    /// occurrence that already ran is left alone. At most 1000 occurrences.
+    /// Progress: `job get`.
+    Backfill {
+        id: String,
+        /// Start of the range (included): an RFC 3339 time or a duration ago, e.g. 6h.
+        #[arg(long, required_unless_present = "cancel")]
+        from: Option<String>,
+        /// End of the range (excluded, not in the future): as --from.
+        #[arg(long, required_unless_present = "cancel")]
+        to: Option<String>,
+        /// When the job is at its active-run limit: wait for room, in
+        /// order (buffer-all), record the occurrence skipped (skip), or
+        /// start it anyway (allow).
+        #[arg(long, default_value = "buffer-all", value_parser = ["buffer-all", "skip", "allow"])]
+        overlap: String,
+        /// Stop the backfill in progress instead (runs it started stay).
+        #[arg(long, conflicts_with_all = ["from", "to"])]
+        cancel: bool,
+    },
     /// The next fire times of a job.
     Next {
         id: String,
@@ -248,13 +269,13 @@ impl StateArg {
     }
 }
 
-/// `--since`: an RFC 3339 time, or a duration before `now_ms`.
-fn since_ms(s: &str, now_ms: i64) -> anyhow::Result<i64> {
+/// `--since`, `--from`, `--to`: an RFC 3339 time, or a duration before `now_ms`.
+fn instant_ms(flag: &str, s: &str, now_ms: i64) -> anyhow::Result<i64> {
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
         return Ok(t.timestamp_millis());
     }
     let ago = duration_ms(s)
-        .with_context(|| format!("--since {s:?}: expected an RFC 3339 time or a duration"))?;
+        .with_context(|| format!("{flag} {s:?}: expected an RFC 3339 time or a duration"))?;
     Ok(now_ms.saturating_sub(i64::try_from(ago).unwrap_or(i64::MAX)))
 }
 
@@ -303,7 +324,7 @@ async fn runs_list(
                 states: state.iter().map(|s| s.pb() as i32).collect(),
                 since_ms: since
                     .as_deref()
-                    .map(|s| since_ms(s, now))
+                    .map(|s| instant_ms("--since", s, now))
                     .transpose()?
                     .unwrap_or(0),
                 page_size: 0,
@@ -810,6 +831,12 @@ fn job_json(j: &pb::Job) -> Value {
         "state": j.state, "fired_count": j.fired_count, "finished_at_ms": j.finished_at_ms,
         "pause_note": j.pause_note, "paused_by": j.paused_by, "paused_at_ms": j.paused_at_ms,
         "workflow_state": j.workflow_state, "downstream": j.downstream, "queued_at_ms": j.queued_at_ms,
+        "backfill": j.backfill.as_ref().map(|b| json!({
+            "from_ms": b.from_ms, "to_ms": b.to_ms, "overlap": b.overlap, "state": b.state,
+            "total": b.total, "started": b.started, "existing": b.existing, "skipped": b.skipped,
+            "next_at_ms": b.next_at_ms, "started_by": b.started_by, "started_at_ms": b.started_at_ms,
+            "ended_at_ms": b.ended_at_ms,
+        })),
     });
     if let (Some(v), Value::Object(state)) = (v.as_object_mut(), state) {
         v.extend(state);
@@ -913,7 +940,31 @@ fn print_job(out: Output, j: &pb::Job) {
         ("on upstream failure", dash(s.on_upstream_failure.clone())),
         ("workflow state", dash(j.workflow_state.clone())),
         ("downstream", dash(j.downstream.join(","))),
+        (
+            "backfill",
+            j.backfill.as_ref().map_or("-".into(), backfill_text),
+        ),
     ]);
+}
+
+/// "running [FROM, TO) buffer-all: 3 of 10 (started 2, already ran 1, skipped 0), next AT".
+fn backfill_text(b: &pb::Backfill) -> String {
+    let done = b.started + b.existing + b.skipped;
+    let mut t = format!(
+        "{} [{}, {}) {}: {done} of {} (started {}, already ran {}, skipped {})",
+        b.state,
+        time_text(b.from_ms),
+        time_text(b.to_ms),
+        b.overlap,
+        b.total,
+        b.started,
+        b.existing,
+        b.skipped
+    );
+    if b.next_at_ms != 0 {
+        t.push_str(&format!(", next {}", time_text(b.next_at_ms)));
+    }
+    t
 }
 
 fn run_json(r: &pb::Run) -> Value {
@@ -922,6 +973,7 @@ fn run_json(r: &pb::Run) -> Value {
         "state": run_state(r.state), "attempt": r.attempt, "worker": r.worker, "received_at_ms": r.received_at_ms,
         "finished_at_ms": r.finished_at_ms, "result": String::from_utf8_lossy(&r.result), "error": r.error, "note": r.note,
         "shard": r.shard, "shard_count": r.shard_count, "upstream_runs": r.upstream_runs,
+        "backfill": r.backfill,
     })
 }
 
@@ -1012,7 +1064,12 @@ fn print_runs(out: Output, runs: &[pb::Run]) {
         .iter()
         .map(|r| {
             let result = String::from_utf8_lossy(&r.result);
-            let text: Vec<&str> = [result.trim(), r.note.as_str(), r.error.as_str()]
+            // The note says so when the backfill started the run; a retry's does not.
+            let backfill = match r.note.starts_with("backfill") || r.backfill.is_empty() {
+                true => String::new(),
+                false => format!("backfill {}", r.backfill),
+            };
+            let text: Vec<&str> = [&backfill, result.trim(), &r.note, &r.error]
                 .into_iter()
                 .filter(|t| !t.is_empty())
                 .collect();
@@ -1167,6 +1224,37 @@ async fn job_cmd(
                 })
                 .await?;
             print_runs(out, &[r]);
+        }
+        JobCmd::Backfill {
+            id,
+            from,
+            to,
+            overlap,
+            cancel,
+        } => {
+            let j = if cancel {
+                let req = by_id(&id);
+                c.jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.cancel_backfill(r).await }
+                })
+                .await?
+            } else {
+                let now = chrono::Utc::now().timestamp_millis();
+                let at = |flag, t: Option<String>| instant_ms(flag, &t.unwrap_or_default(), now);
+                let req = pb::BackfillJobRequest {
+                    id,
+                    from_ms: at("--from", from)?,
+                    to_ms: at("--to", to)?,
+                    overlap,
+                };
+                c.jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.backfill_job(r).await }
+                })
+                .await?
+            };
+            print_job(out, &j);
         }
         JobCmd::Next { id, count } => {
             let req = pb::NextFiresRequest {

@@ -197,6 +197,7 @@ async function jobPage(id) {
     ["overlap", j.overlap + (j.max_concurrent ? " (max " + j.max_concurrent + " concurrent)" : "") + (j.queued_at_ms.length ? ", " + j.queued_at_ms.length + " queued" : "")], ["route", j.route], ["job labels", JSON.stringify(j.job_labels)], ["route labels", JSON.stringify(j.labels)],
     ["bounds", [j.start_at_ms ? "from " + time(j.start_at_ms) : "", j.end_at_ms ? "until " + time(j.end_at_ms) : "", j.max_runs ? "max " + j.max_runs + " runs" : ""].filter(x => x).join(", ") || "-"],
     ["fired", j.fired_count],
+    ["backfill", j.backfill ? j.backfill.state + " [" + time(j.backfill.from_ms) + ", " + time(j.backfill.to_ms) + ") " + j.backfill.overlap + ": " + (j.backfill.started + j.backfill.existing + j.backfill.skipped) + " of " + j.backfill.total : "-"],
     ["shards", j.shards ?? "-"], ["broadcast", j.broadcast], ["payload", j.payload_bytes + " bytes"],
     ["keep runs", j.keep_runs || "default"], ["keep for", j.keep_for_ms ? j.keep_for_ms + " ms" : "-"],
     ["upstream", j.upstream.length ? j.upstream.join(", ") + " (" + j.trigger_rule + ", on failure " + j.on_upstream_failure + ")" : "-"],

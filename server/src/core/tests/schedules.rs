@@ -536,6 +536,110 @@ fn max_concurrent_with_allow_runs_that_many_at_once_and_records_the_rest_skipped
     assert_eq!(sim.run(&rid("a", T0 + 4000)).state, Pending);
 }
 
+/// A format-3 cluster whose job "a" (every second, overlap `replace`) has
+/// its run of `T0 + 1000` held by worker w1.
+fn replacing_job() -> Sim {
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 3 });
+    sim.create(concurrent("a", Overlap::Replace, None), T0);
+    sim.fire_due(T0 + 1000);
+    assign(&mut sim, T0 + 1000, T0 + 1100);
+    sim
+}
+
+fn assign(sim: &mut Sim, at: i64, now_ms: i64) {
+    sim.exec(Command::Assign {
+        now_ms,
+        assignments: vec![(rid("a", at), 1, "w1".into())],
+    });
+}
+
+#[test]
+fn replace_waits_for_the_replaced_run_to_stop_and_then_starts_the_newest() {
+    let mut sim = replacing_job();
+    let (old, new) = (rid("a", T0 + 1000), rid("a", T0 + 3000));
+    let a = sim.fire_due(T0 + 2000);
+    let cancel = Effect::Cancel {
+        run: old.clone(),
+        attempt: 1,
+    };
+    assert_eq!(
+        a.effects,
+        vec![cancel.clone(), Effect::Scheduled(occ("a", T0 + 3000))],
+        "the worker is asked to stop; nothing ends or starts yet"
+    );
+    assert_eq!(sim.run(&old).state, RunState::Running);
+    assert_eq!(sim.job("a").buffered_at_ms, Some(T0 + 2000));
+    // Still running at the next occurrence: the newest waits, the older is skipped.
+    sim.fire_due(T0 + 3000);
+    let older = sim.run(&rid("a", T0 + 2000));
+    assert_eq!(older.state, RunState::Skipped);
+    assert_eq!(
+        older.note,
+        "overlap replace: superseded by a newer occurrence"
+    );
+    assert_eq!(sim.job("a").buffered_at_ms, Some(T0 + 3000));
+    let trig = sim.exec(trigger("a", T0 + 3100));
+    let Response::Run(held) = &trig.response else {
+        panic!("{:?}", trig.response)
+    };
+    assert_eq!(
+        held.note,
+        "manual trigger: starts once the replaced run(s) stop"
+    );
+    assert!(sim.try_run(&held.id).is_none(), "held, not stored");
+    assert!(sim.try_run(&new).is_some(), "superseded by the trigger");
+
+    // The worker acknowledges: its failure ends the run cancelled, no retry.
+    let ack = sim.finish(T0 + 3200, report(&old, 1, false, 0));
+    let old_run = sim.run(&old);
+    assert_eq!(old_run.state, RunState::Cancelled);
+    assert_eq!(old_run.note, "replaced: attempt 1 stopped (failed)");
+    let started = rid("a", T0 + 3100);
+    assert!(ack.effects.contains(&ended(&old, 1)));
+    assert!(ack
+        .effects
+        .contains(&ready(&started, 1, limits::DEFAULT_TIMEOUT_MS)));
+    assert_eq!(
+        sim.run(&started).note,
+        "overlap replace: started once the replaced run(s) stopped"
+    );
+    assert_eq!(
+        (sim.job("a").active_runs, sim.job("a").buffered_at_ms),
+        (1, None)
+    );
+}
+
+#[test]
+fn replace_starts_the_new_run_when_the_replaced_ones_lease_ends_or_none_was_held() {
+    let mut sim = replacing_job();
+    let old = rid("a", T0 + 1000);
+    sim.fire_due(T0 + 2000);
+    let expired = sim.exec(Command::Expire {
+        now_ms: T0 + 61_100,
+        expired: vec![(old.clone(), 1, 0)],
+    });
+    assert_eq!(expired.response, Response::Batch(vec![Ok(())]));
+    assert_eq!(sim.run(&old).state, RunState::Cancelled);
+    assert_eq!(
+        sim.run(&old).note,
+        "replaced: attempt 1 stopped (timed-out)"
+    );
+    let retries = sim
+        .wheel()
+        .into_iter()
+        .filter(|k| k.kind == EntryKind::Retry);
+    assert_eq!(retries.count(), 0, "a replaced run is not retried");
+    let new = rid("a", T0 + 2000);
+    assert_eq!(sim.run(&new).state, RunState::Pending);
+    // Not yet assigned: the next occurrence replaces it at once.
+    let a = sim.fire(T0 + 61_200, vec![occ("a", T0 + 3000)]);
+    assert!(a.effects.contains(&ended(&new, 1)), "{:?}", a.effects);
+    assert_eq!(sim.run(&new).state, RunState::Cancelled);
+    assert_eq!(sim.run(&rid("a", T0 + 3000)).state, RunState::Pending);
+    assert_eq!(sim.job("a").active_runs, 1);
+}
+
 #[test]
 fn buffer_all_queues_every_overlapping_occurrence_and_starts_them_in_order() {
     let mut sim = Sim::default();
