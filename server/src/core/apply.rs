@@ -828,6 +828,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 let first = self.first_occurrence(&job, self.now)?;
                 self.schedule_next(&mut job, first);
             }
+            let parked = (job.backfill.as_ref())
+                .is_some_and(|b| b.next_ms.is_some() && b.step_at_ms.is_none());
+            if parked {
+                self.set_backfill_step(&mut job, Some(self.now));
+            }
             self.put_job(&job);
             self.record_revision(&job, job.revision, "resume");
             self.job_changed(&job, JobChange::Resumed);
@@ -1376,8 +1381,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     /// One step: up to `BACKFILL_STEP_OCCURRENCES` occurrences from the
     /// cursor, in order; the next step follows `BACKFILL_STEP_MS` later
-    /// until the range is done. A paused job's backfill waits. False for a
-    /// stale entry.
+    /// until the range is done. A paused job's backfill parks without a
+    /// step entry (no log entries while paused); resuming the job re-arms
+    /// it. False for a stale entry.
     fn backfill_step(&mut self, id: &str, at_ms: i64) -> bool {
         let Ok(mut job) = self.job(id) else {
             return false;
@@ -1404,8 +1410,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             b.ended_at_ms = Some(self.now);
         }
         job.backfill = Some(b);
-        let step = self.now.saturating_add(limits::BACKFILL_STEP_MS);
-        self.set_backfill_step(&mut job, more.then_some(step));
+        let step = (more && !job.paused).then(|| self.now.saturating_add(limits::BACKFILL_STEP_MS));
+        self.set_backfill_step(&mut job, step);
         self.put_job(&job);
         true
     }

@@ -323,10 +323,14 @@ fn a_paused_jobs_backfill_waits_and_backfills_need_log_format_3() {
     step(&mut sim, "a");
     assert_eq!(sim.runs_of("a").len(), 0);
     assert_eq!(backfill(&sim, "a").state(), "running");
+    // Parked: no step entry, so no log entries while the job stays paused.
+    assert_eq!(step_key(&sim, "a"), None);
+    assert_eq!(backfill(&sim, "a").step_at_ms, None);
     sim.exec(Command::ResumeJob {
         id: "a".into(),
         now_ms: now + 300,
     });
+    assert_eq!(step_key(&sim, "a").map(|k| k.fire_at_ms), Some(now + 300));
     step(&mut sim, "a");
     assert_eq!(times(&sim, "a"), vec![1000, 2000]);
 
