@@ -254,11 +254,12 @@ pub enum Command {
 }
 
 /// A restored key-value pair only format-3 readers take: a workflow index
-/// or input key, or a job record with an extension tail.
+/// or input key, or a job or run record with an extension tail.
 fn restored_needs_format_3(k: &[u8], v: &[u8]) -> bool {
     match k.first() {
         Some(&keys::DOWNSTREAM | &keys::RUN_INPUTS) => true,
         Some(&keys::JOB) => Job::record_has_tail(v),
+        Some(&keys::RUN) => Run::record_has_tail(v),
         _ => false,
     }
 }
