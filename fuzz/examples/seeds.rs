@@ -32,6 +32,7 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         workflow: None,
         max_concurrent: None,
         jitter: None,
+        catch_up_max: None,
     }
 }
 

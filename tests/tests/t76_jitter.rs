@@ -2,7 +2,8 @@
 //! pending occurrence's offset (`job get`, `job next`); the leader is
 //! killed between the occurrence's scheduling and its fire, and the new
 //! leader fires it at that same offset, never before it, with the nominal
-//! scheduled time kept. Bad jitters are refused naming the rule.
+//! scheduled time kept. Bad jitters are refused naming the rule; the
+//! fire-all catch-up cap (item 9) is stored, shown and range-checked.
 
 use std::time::Duration;
 
@@ -95,6 +96,39 @@ async fn a_jittered_occurrence_fires_at_its_offset_after_a_leader_kill() {
         ],
         "jitter: must be shorter than the schedule's gap between occurrences (300000 ms)",
     );
+    cluster.kairosctl_refused(
+        &[
+            "job",
+            "create",
+            "bad",
+            "--every",
+            "1s",
+            "--catch-up-max",
+            "0",
+            "--group",
+            "g",
+        ],
+        "catch_up_max: must be between 1 and 10000, got 0",
+    );
     let (ok, out) = cluster.kairosctl(&["job", "get", "bad"]);
     assert!(!ok, "{out}");
+
+    // The catch-up cap (item 9) is stored and shown.
+    let create = [
+        "job",
+        "create",
+        "capped",
+        "--every",
+        "1h",
+        "--catch-up-max",
+        "7",
+        "--group",
+        "g",
+    ];
+    let (ok, out) = cluster.kairosctl(&create);
+    assert!(ok, "{out}");
+    let j = cluster.kairosctl_json(&["job", "get", "capped"])[0].clone();
+    assert_eq!(j["catch_up_max"], 7, "{j}");
+    let (ok, text) = cluster.kairosctl(&["job", "get", "capped"]);
+    assert!(ok && text.contains("catch-up at most 7"), "{text}");
 }

@@ -214,6 +214,7 @@ pub fn job(j: &pb::Job) -> Json {
         ("next_fire_at_ms", j.next_fire_at_ms.into()),
         ("next_offset_ms", j.next_offset_ms.into()),
         ("jitter_ms", s.jitter_ms.into()),
+        ("catch_up_max", s.catch_up_max.into()),
         ("payload_bytes", s.payload.len().into()),
         ("misfire", misfire.into()),
         ("misfire_grace_ms", s.misfire_grace_ms.into()),

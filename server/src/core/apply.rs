@@ -659,6 +659,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             queued: Vec::new(),
             jitter: spec.jitter,
             next_offset_ms: 0,
+            catch_up_max: spec.catch_up_max,
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now)?;
@@ -700,6 +701,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.policy = spec.policy.clone();
         job.labels = spec.labels.clone();
         job.max_concurrent = spec.max_concurrent;
+        job.catch_up_max = spec.catch_up_max;
         let jitter_changed = set_jitter(&mut job, spec.jitter);
         if job.policy.overlap != Overlap::BufferAll {
             for b in std::mem::take(&mut job.queued) {
@@ -973,16 +975,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             });
         }
         let next = match (late, job.policy.misfire) {
-            (false, _) | (true, Misfire::FireAll) => {
-                let note = if late {
-                    format!("late by {late_ms} ms (misfire fire-all)")
-                } else {
-                    String::new()
-                };
-                self.start_occurrence(job, scheduled, note);
+            (false, _) => {
+                self.start_occurrence(job, scheduled, String::new());
                 Self::count_fire(job);
                 next_after(&job.schedule, scheduled)?
             }
+            (true, Misfire::FireAll) => self.catch_up(job, scheduled)?,
             (true, Misfire::Skip) => {
                 // Skipped: the occurrences past the grace window. Those still
                 // inside it are due, not late: the next one is due now and runs.
@@ -1012,6 +1010,43 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         };
         self.schedule_next(job, next);
         Ok(())
+    }
+
+    /// A late occurrence of a `fire-all` job: it runs, unless more than the
+    /// job's catch-up cap are due; then the older ones are recorded skipped
+    /// in one note and the newest `cap` run in order, from the oldest of
+    /// them. Returns the next occurrence to schedule.
+    fn catch_up(&mut self, job: &mut Job, scheduled: i64) -> Result<Option<i64>, CommandError> {
+        let mut at = scheduled;
+        if let Some(cap) = self.catch_up_cap(job) {
+            if let Some(c) = catch_up_limit(job, scheduled, self.now, cap)? {
+                let note = format!(
+                    "misfire fire-all: catch-up cap {cap}: {} missed occurrence(s) from {scheduled} to {} not run{}",
+                    c.skipped,
+                    c.last_skipped,
+                    if c.more { "; more follow" } else { "" }
+                );
+                self.record_skipped(job, scheduled, note);
+                if c.more {
+                    // The next command goes on from there, checking the cap again.
+                    return Ok(Some(c.resume_at));
+                }
+                at = c.resume_at;
+            }
+        }
+        let late_ms = self.now.saturating_sub(job.fire_time(at));
+        self.start_occurrence(job, at, format!("late by {late_ms} ms (misfire fire-all)"));
+        Self::count_fire(job);
+        next_after(&job.schedule, at)
+    }
+
+    /// The job's own cap, else the default once the cluster writes log
+    /// format 3: a member of an older release runs every missed
+    /// occurrence, and replicas must decide alike.
+    fn catch_up_cap(&self, job: &Job) -> Option<u32> {
+        let format_3 = query::log_format(&self.o) >= 3;
+        job.catch_up_max
+            .or(format_3.then_some(limits::CATCH_UP_DEFAULT))
     }
 
     /// Only the run's current retry entry starts the next attempt; an entry
@@ -1854,6 +1889,76 @@ impl Walk {
             self.count.to_string()
         }
     }
+}
+
+/// Where a `fire-all` catch-up goes on when more than its cap are due.
+struct CatchUp {
+    /// Occurrences recorded skipped, from the first due one to `last_skipped`.
+    skipped: u64,
+    last_skipped: i64,
+    /// The oldest of the newest `cap` due occurrences (with `more`: where
+    /// the next command goes on).
+    resume_at: i64,
+    /// More than `cap + MISFIRE_WALK_MAX` were due: only the oldest
+    /// `MISFIRE_WALK_MAX` are skipped by this command.
+    more: bool,
+}
+
+/// `None` when at most `cap` of `job`'s occurrences from `first` are due
+/// at `now` (within its end). Closed form for `every`; a cron schedule is
+/// walked, at most `cap + MISFIRE_WALK_MAX` occurrences, keeping the
+/// newest `cap + 1`.
+fn catch_up_limit(
+    job: &Job,
+    first: i64,
+    now: i64,
+    cap: u32,
+) -> Result<Option<CatchUp>, CommandError> {
+    let end = job.bounds.end_at_ms.unwrap_or(i64::MAX);
+    let cap = u64::from(cap.max(1));
+    if let Schedule::Every { every_ms, .. } = job.schedule {
+        let walk = walk_missed(job, first, end, now)?;
+        if walk.count <= cap {
+            return Ok(None);
+        }
+        // In i128: nothing here can wrap, whatever the command's times.
+        let resume = i128::from(walk.last) - i128::from(every_ms.max(1)) * i128::from(cap - 1);
+        let last_skipped = resume - i128::from(every_ms.max(1));
+        return Ok(Some(CatchUp {
+            skipped: walk.count - cap,
+            last_skipped: i64::try_from(last_skipped).unwrap_or(first),
+            resume_at: i64::try_from(resume).unwrap_or(first),
+            more: false,
+        }));
+    }
+    let due = |n: i64| n <= end && job.fire_time(n) <= now;
+    let visit_max = cap + u64::from(limits::MISFIRE_WALK_MAX);
+    let mut newest = std::collections::VecDeque::from([first]);
+    let (mut visited, mut cursor) = (1u64, first);
+    let more = loop {
+        match next_after(&job.schedule, cursor)? {
+            Some(n) if due(n) && visited == visit_max => break true,
+            Some(n) if due(n) => {
+                newest.push_back(n);
+                if newest.len() as u64 > cap + 1 {
+                    newest.pop_front();
+                }
+                visited += 1;
+                cursor = n;
+            }
+            _ => break false,
+        }
+    };
+    if visited <= cap {
+        return Ok(None);
+    }
+    // `newest` holds the last `cap + 1` visited: the last skipped, then the kept.
+    Ok(Some(CatchUp {
+        skipped: visited - cap,
+        last_skipped: newest.front().copied().unwrap_or(first),
+        resume_at: newest.get(1).copied().unwrap_or(first),
+        more,
+    }))
 }
 
 /// Walks `job`'s occurrences from `first` (due) through the last one due:

@@ -376,6 +376,7 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
                         ms: 400,
                         seed: keep_for_ms ^ backoff_ms,
                     }),
+                    catch_up_max: None,
                 }
             },
         )
@@ -405,6 +406,7 @@ fn wild_job_spec() -> impl Strategy<Value = JobSpec> {
                 workflow: None,
                 max_concurrent: None,
                 jitter,
+                catch_up_max: None,
             }
         },
     )

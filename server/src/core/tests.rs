@@ -25,6 +25,7 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         workflow: None,
         max_concurrent: None,
         jitter: None,
+        catch_up_max: None,
     }
 }
 
@@ -2211,6 +2212,7 @@ fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
     assert_eq!(last.id, rid("a", T0 + 1000 + n as i64 - 1));
 }
 
+mod catch_up;
 mod jitter;
 mod schedules;
 mod workflows;

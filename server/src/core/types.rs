@@ -115,6 +115,13 @@ pub mod limits {
     /// Consecutive occurrences of a cron or Quartz schedule whose gaps a
     /// jitter is checked against (it must be shorter than the smallest).
     pub const JITTER_GAPS_CHECKED: usize = 64;
+    /// Missed occurrences a late `fire-all` job runs after an outage unless
+    /// its `catch_up_max` says otherwise; older ones are recorded skipped.
+    /// Applies once the cluster writes log format 3 (before that, every
+    /// member must decide as older releases do: all of them run).
+    pub const CATCH_UP_DEFAULT: u32 = 100;
+    /// The most a job's `catch_up_max` may be.
+    pub const CATCH_UP_MAX: u32 = 10_000;
 }
 
 /// How the dispatcher picks a worker of the job's group for each attempt.
@@ -368,6 +375,10 @@ pub struct JobSpec {
     /// jitter. An update keeps the seed of a job that already has a jitter.
     #[serde(skip)]
     pub jitter: Option<Jitter>,
+    /// Missed occurrences a late `fire-all` catch-up runs (the newest);
+    /// `None`: `limits::CATCH_UP_DEFAULT`.
+    #[serde(skip)]
+    pub catch_up_max: Option<u32>,
 }
 
 /// What a job spec has beyond log format 2's.
@@ -378,6 +389,7 @@ pub struct SpecExt {
     pub workflow: Option<Workflow>,
     pub max_concurrent: Option<u32>,
     pub jitter: Option<Jitter>,
+    pub catch_up_max: Option<u32>,
 }
 
 impl JobSpec {
@@ -389,6 +401,7 @@ impl JobSpec {
             workflow: self.workflow.take(),
             max_concurrent: self.max_concurrent.take(),
             jitter: self.jitter.take(),
+            catch_up_max: self.catch_up_max.take(),
         }
     }
 
@@ -400,6 +413,7 @@ impl JobSpec {
             workflow: ext.workflow.clone(),
             max_concurrent: ext.max_concurrent,
             jitter: ext.jitter,
+            catch_up_max: ext.catch_up_max,
             ..self.clone()
         }
     }
@@ -498,6 +512,8 @@ pub struct Job {
     /// at `next_fire_at_ms` plus this (0 without jitter).
     #[serde(skip)]
     pub next_offset_ms: u64,
+    #[serde(skip)]
+    pub catch_up_max: Option<u32>,
 }
 
 /// A job record's tail: the fields state format 8's record lacks.
@@ -514,6 +530,7 @@ struct JobExt {
     queued: Vec<i64>,
     jitter: Option<Jitter>,
     next_offset_ms: u64,
+    catch_up_max: Option<u32>,
 }
 
 impl Job {
@@ -541,6 +558,7 @@ impl Job {
             queued: self.queued.clone(),
             jitter: self.jitter,
             next_offset_ms: self.next_offset_ms,
+            catch_up_max: self.catch_up_max,
         };
         encode_with_tail(self, &ext)
     }
@@ -568,6 +586,7 @@ impl Job {
             queued: ext.queued,
             jitter: ext.jitter,
             next_offset_ms: ext.next_offset_ms,
+            catch_up_max: ext.catch_up_max,
             ..job
         })
     }

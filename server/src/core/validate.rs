@@ -124,6 +124,14 @@ pub fn job_spec_with(
     if let Some(j) = spec.jitter {
         jitter(j, &spec.schedule, now_ms)?;
     }
+    if let Some(n) = spec.catch_up_max {
+        if n == 0 || n > limits::CATCH_UP_MAX {
+            return Err(invalid(format!(
+                "catch_up_max: must be between 1 and {}, got {n}",
+                limits::CATCH_UP_MAX
+            )));
+        }
+    }
     workflow(&spec.id, &spec.schedule, spec.workflow.as_ref())
 }
 
@@ -460,6 +468,7 @@ mod tests {
             workflow: None,
             max_concurrent: None,
             jitter: None,
+            catch_up_max: None,
         }
     }
 

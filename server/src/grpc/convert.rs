@@ -148,6 +148,7 @@ pub fn spec_in(s: Option<pb::JobSpec>) -> Result<JobSpec, Status> {
         max_concurrent: s.max_concurrent,
         // The seed is the leader's to draw (`Api::with_seed`).
         jitter: s.jitter_ms.map(|ms| Jitter { ms, seed: 0 }),
+        catch_up_max: s.catch_up_max,
     })
 }
 
@@ -271,6 +272,7 @@ pub fn job_out(j: &Job) -> pb::Job {
             .unwrap_or_default(),
         max_concurrent: j.max_concurrent,
         jitter_ms: j.jitter.map(|jt| jt.ms),
+        catch_up_max: j.catch_up_max,
     };
     let pause = j.pause.clone().unwrap_or(PauseNote {
         note: String::new(),

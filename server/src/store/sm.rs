@@ -1012,6 +1012,7 @@ mod tests {
             workflow: None,
             max_concurrent: None,
             jitter: None,
+            catch_up_max: None,
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),

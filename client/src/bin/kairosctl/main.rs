@@ -894,9 +894,12 @@ fn print_job(out: Output, j: &pb::Job) {
         (
             "misfire",
             format!(
-                "{} (grace {})",
+                "{} (grace {}{})",
                 spec::misfire_text(s.misfire),
-                ms_text(s.misfire_grace_ms)
+                ms_text(s.misfire_grace_ms),
+                s.catch_up_max
+                    .map(|n| format!(", catch-up at most {n}"))
+                    .unwrap_or_default()
             ),
         ),
         (
