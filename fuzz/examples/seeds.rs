@@ -31,6 +31,8 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         labels: Labels::new(),
         workflow: None,
         max_concurrent: None,
+        jitter: None,
+        catch_up_max: None,
     }
 }
 

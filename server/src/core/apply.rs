@@ -378,7 +378,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         for (k, v) in pairs {
             let ok = match k[0] {
                 keys::JOB => Job::from_record(v).is_ok(),
-                keys::RUN => decode::<Run>(v).is_ok(),
+                keys::RUN => Run::from_record(v).is_ok(),
                 keys::ACTIVE => decode::<ActiveRun>(v).is_ok(),
                 keys::JOB_HISTORY => decode::<JobRevision>(v).is_ok(),
                 keys::DELETED_JOB => keys::deleted_job_from(k).is_some(),
@@ -524,7 +524,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 
     fn run_rec(&self, id: &RunId) -> Option<Run> {
-        get(&self.o, &keys::run(id))
+        // A record that does not decode means the store is corrupt.
+        self.o
+            .get(&keys::run(id))
+            .map(|b| Run::from_record(&b).expect("corrupt replicated run"))
+    }
+
+    fn put_run(&mut self, run: &Run) {
+        self.o.put(keys::run(&run.id), run.to_record());
     }
 
     /// The job's policy (the default for a job deleted meanwhile).
@@ -535,7 +542,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Writes the run record and keeps its active-index entry in step.
     fn save_run(&mut self, run: &Run) {
         if run.state.is_terminal() {
-            self.put(keys::run(&run.id), run);
+            self.put_run(run);
             self.o.delete(keys::active(&run.id));
         } else {
             let policy = self.policy(&run.id.job);
@@ -545,7 +552,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     /// `save_run` for a run that is not terminal, with its job's policy at hand.
     fn save_live_run(&mut self, run: &Run, policy: &Policy) {
-        self.put(keys::run(&run.id), run);
+        self.put_run(run);
         let active = ActiveRun {
             group: run.group.clone(),
             priority: run.priority,
@@ -564,15 +571,18 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.effects.push(Effect::Scheduled(key));
     }
 
-    /// Sets the job's one pending occurrence (or none), keeping the wheel in step.
+    /// Sets the job's one pending occurrence (or none), keeping the wheel
+    /// in step: its entry fires at the nominal time plus its jitter offset.
     fn set_next(&mut self, job: &mut Job, next: Option<i64>) {
         if let Some(old) = job.next_fire_at_ms.take() {
-            self.o
-                .delete(keys::wheel(&WheelKey::occurrence(&job.id, old)));
+            let key = WheelKey::jittered(&job.id, old, job.next_offset_ms);
+            self.o.delete(keys::wheel(&key));
         }
+        job.next_offset_ms = 0;
         if let Some(at) = next.filter(|_| !job.paused) {
             job.next_fire_at_ms = Some(at);
-            self.schedule_entry(WheelKey::occurrence(&job.id, at));
+            job.next_offset_ms = job.offset_ms(at);
+            self.schedule_entry(WheelKey::jittered(&job.id, at, job.next_offset_ms));
         }
     }
 
@@ -665,6 +675,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             max_concurrent: spec.max_concurrent,
             queued: Vec::new(),
             backfill: None,
+            jitter: spec.jitter,
+            next_offset_ms: 0,
+            catch_up_max: spec.catch_up_max,
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now)?;
@@ -706,6 +719,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.policy = spec.policy.clone();
         job.labels = spec.labels.clone();
         job.max_concurrent = spec.max_concurrent;
+        job.catch_up_max = spec.catch_up_max;
+        let jitter_changed = set_jitter(&mut job, spec.jitter);
         if job.policy.overlap != Overlap::BufferAll {
             for b in std::mem::take(&mut job.queued) {
                 let why = "overlap buffer-all: dropped (the overlap policy changed)";
@@ -725,6 +740,10 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
             let first = self.first_occurrence(&job, self.now)?;
             self.schedule_next(&mut job, first);
+        } else if jitter_changed {
+            // The pending occurrence stays, at its offset under the new jitter.
+            let pending = job.next_fire_at_ms;
+            self.set_next(&mut job, pending);
         }
         self.put_job(&job);
         self.record_revision(&job, job.revision, "update");
@@ -866,7 +885,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 self.now
             )));
         }
-        self.start_run(&mut job, self.now, "manual trigger".to_string());
+        self.start_run(&mut job, self.now, 0, "manual trigger".to_string());
         self.put_job(&job);
         if let Some(run) = self.run_rec(&run_id) {
             return Ok(run);
@@ -953,11 +972,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 let Ok(mut job) = self.job(&key.job) else {
                     return Ok(false);
                 };
-                if job.paused || job.next_fire_at_ms != Some(key.fire_at_ms) {
+                let pending = WheelKey::jittered(&job.id, key.scheduled_at_ms, job.next_offset_ms);
+                if job.paused
+                    || job.next_fire_at_ms != Some(key.scheduled_at_ms)
+                    || pending.fire_at_ms != key.fire_at_ms
+                {
                     return Ok(false);
                 }
                 job.next_fire_at_ms = None;
-                self.fire_occurrence(&mut job, key.fire_at_ms)?;
+                job.next_offset_ms = 0;
+                self.fire_occurrence(&mut job, key.scheduled_at_ms)?;
                 self.put_job(&job);
                 Ok(true)
             }
@@ -966,11 +990,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
     }
 
-    /// Runs (or records) the occurrence at `scheduled` per the misfire policy
-    /// and schedules the next one from the scheduled time, not from now.
+    /// Runs (or records) the occurrence nominally at `scheduled` per the
+    /// misfire policy and schedules the next one from the nominal time, not
+    /// from now. Lateness is counted from the occurrence's fire time (its
+    /// nominal time plus its jitter offset).
     fn fire_occurrence(&mut self, job: &mut Job, scheduled: i64) -> Result<(), CommandError> {
-        let late_ms = self.now.saturating_sub(scheduled);
-        let late = late_ms > i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
+        let late_ms = self.now.saturating_sub(job.fire_time(scheduled));
+        let grace = i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
+        let late = late_ms > grace;
         if late {
             self.effects.push(Effect::Misfired {
                 group: job.group.clone(),
@@ -978,22 +1005,17 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             });
         }
         let next = match (late, job.policy.misfire) {
-            (false, _) | (true, Misfire::FireAll) => {
-                let note = if late {
-                    format!("late by {late_ms} ms (misfire fire-all)")
-                } else {
-                    String::new()
-                };
-                self.start_occurrence(job, scheduled, note);
+            (false, _) => {
+                self.start_occurrence(job, scheduled, String::new());
                 Self::count_fire(job);
                 next_after(&job.schedule, scheduled)?
             }
+            (true, Misfire::FireAll) => self.catch_up(job, scheduled)?,
             (true, Misfire::Skip) => {
                 // Skipped: the occurrences past the grace window. Those still
                 // inside it are due, not late: the next one is due now and runs.
-                let grace = i64::try_from(job.policy.misfire_grace_ms).unwrap_or(i64::MAX);
                 let cutoff = self.now.saturating_sub(grace).saturating_sub(1);
-                let walk = walk_missed(&job.schedule, scheduled, cutoff)?;
+                let walk = walk_missed(job, scheduled, cutoff, cutoff)?;
                 let note = format!(
                     "misfire skip: {} occurrence(s) from {scheduled} to {} not run",
                     walk.count_text(),
@@ -1004,15 +1026,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
             (true, Misfire::FireOnce) => {
                 // The coalesced occurrence is the latest due one within the job's end.
-                let upto = job
-                    .bounds
-                    .end_at_ms
-                    .map_or(self.now, |end| end.min(self.now));
-                let walk = walk_missed(&job.schedule, scheduled, upto)?;
+                let end = job.bounds.end_at_ms.unwrap_or(i64::MAX);
+                let walk = walk_missed(job, scheduled, end, self.now)?;
                 let note = format!(
                     "misfire fire-once: coalesced {} missed occurrence(s) from {scheduled}, late by {} ms",
                     walk.count_text(),
-                    self.now.saturating_sub(walk.last)
+                    self.now.saturating_sub(job.fire_time(walk.last))
                 );
                 self.start_occurrence(job, walk.last, note);
                 Self::count_fire(job);
@@ -1021,6 +1040,43 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         };
         self.schedule_next(job, next);
         Ok(())
+    }
+
+    /// A late occurrence of a `fire-all` job: it runs, unless more than the
+    /// job's catch-up cap are due; then the older ones are recorded skipped
+    /// in one note and the newest `cap` run in order, from the oldest of
+    /// them. Returns the next occurrence to schedule.
+    fn catch_up(&mut self, job: &mut Job, scheduled: i64) -> Result<Option<i64>, CommandError> {
+        let mut at = scheduled;
+        if let Some(cap) = self.catch_up_cap(job) {
+            if let Some(c) = catch_up_limit(job, scheduled, self.now, cap)? {
+                let note = format!(
+                    "misfire fire-all: catch-up cap {cap}: {} missed occurrence(s) from {scheduled} to {} not run{}",
+                    c.skipped,
+                    c.last_skipped,
+                    if c.more { "; more follow" } else { "" }
+                );
+                self.record_skipped(job, scheduled, note);
+                if c.more {
+                    // The next command goes on from there, checking the cap again.
+                    return Ok(Some(c.resume_at));
+                }
+                at = c.resume_at;
+            }
+        }
+        let late_ms = self.now.saturating_sub(job.fire_time(at));
+        self.start_occurrence(job, at, format!("late by {late_ms} ms (misfire fire-all)"));
+        Self::count_fire(job);
+        next_after(&job.schedule, at)
+    }
+
+    /// The job's own cap, else the default once the cluster writes log
+    /// format 3: a member of an older release runs every missed
+    /// occurrence, and replicas must decide alike.
+    fn catch_up_cap(&self, job: &Job) -> Option<u32> {
+        let format_3 = query::log_format(&self.o) >= 3;
+        job.catch_up_max
+            .or(format_3.then_some(limits::CATCH_UP_DEFAULT))
     }
 
     /// Only the run's current retry entry starts the next attempt; an entry
@@ -1052,6 +1108,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             timeout_ms: policy.timeout_ms,
             route: policy.route.clone(),
             shard_count: run.shard_count,
+            offset_ms: run.offset_ms,
         }));
     }
 
@@ -1071,6 +1128,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             note,
             retry_at_ms: None,
             shard_count: shards,
+            offset_ms: 0,
         }
     }
 
@@ -1099,7 +1157,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Starts the runs of the occurrence (one per shard), honouring the
     /// overlap policy. The `(job, scheduled)` pair is unique: an existing
     /// record of shard 0 means the occurrence already happened, and wins.
-    fn start_run(&mut self, job: &mut Job, scheduled: i64, note: String) {
+    /// `offset_ms`: the jitter offset a scheduled occurrence fired at (0 otherwise).
+    fn start_run(&mut self, job: &mut Job, scheduled: i64, offset_ms: u64, note: String) {
         if self.run_rec(&RunId::new(&job.id, scheduled)).is_some() {
             return;
         }
@@ -1155,7 +1214,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 }
             }
         }
-        self.create_runs(job, scheduled, note);
+        self.create_runs(job, scheduled, offset_ms, note);
     }
 
     /// Whether `replace` waits for the runs it cancels to stop: since log
@@ -1195,8 +1254,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     /// Creates the occurrence's runs, one per shard, whatever else runs
     /// (the caller applied its overlap policy); past `ACTIVE_RUNS_MAX` the
-    /// occurrence is recorded skipped instead.
-    fn create_runs(&mut self, job: &mut Job, scheduled: i64, note: String) {
+    /// occurrence is recorded skipped instead. `offset_ms` as for `start_run`.
+    fn create_runs(&mut self, job: &mut Job, scheduled: i64, offset_ms: u64, note: String) {
         let shards = self.fanout(job);
         if job.active_runs.saturating_add(shards) > limits::ACTIVE_RUNS_MAX {
             let note = format!(
@@ -1208,7 +1267,10 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         for shard in 0..shards {
             let id = RunId::shard(&job.id, scheduled, shard);
-            let run = self.new_run(job, id, shards, RunState::Pending, note.clone());
+            let run = Run {
+                offset_ms,
+                ..self.new_run(job, id, shards, RunState::Pending, note.clone())
+            };
             self.ready(&run, &job.policy);
             self.save_live_run(&run, &job.policy);
         }
@@ -1280,22 +1342,23 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             if let Some(b) = job.buffered_at_ms.filter(|_| job.active_runs == 0) {
                 job.buffered_at_ms = None;
                 let note = "overlap replace: started once the replaced run(s) stopped";
-                self.start_run(&mut job, b, note.into());
+                let offset = job.offset_ms(b);
+                self.start_run(&mut job, b, offset, note.into());
             }
         } else if job.active_runs < job.capacity() {
             if let Some(b) = job.buffered_at_ms.take() {
-                self.start_run(
-                    &mut job,
-                    b,
-                    "overlap buffer-one: started after the previous run".into(),
+                let (why, offset) = (
+                    "overlap buffer-one: started after the previous run",
+                    job.offset_ms(b),
                 );
+                self.start_run(&mut job, b, offset, why.into());
             } else if !job.queued.is_empty() {
                 let b = job.queued.remove(0);
-                self.start_run(
-                    &mut job,
-                    b,
-                    "overlap buffer-all: started in order after an earlier run".into(),
+                let (why, offset) = (
+                    "overlap buffer-all: started in order after an earlier run",
+                    job.offset_ms(b),
                 );
+                self.start_run(&mut job, b, offset, why.into());
             }
         }
         self.put_job(&job);
@@ -1432,7 +1495,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if full && b.overlap == BackfillOverlap::Skip {
             self.record_skipped(job, at, format!("{range}: the job was busy (overlap skip)"));
         } else {
-            self.create_runs(job, at, range);
+            // The past range's occurrences are run now: no jitter offset.
+            self.create_runs(job, at, 0, range);
         }
         match self.run_rec(&id).map(|r| r.state) {
             Some(RunState::Skipped) => b.skipped += 1,
@@ -1587,7 +1651,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 if job.schedule == Schedule::Upstream {
                     self.run_upstream_only(&mut job, consumed);
                 } else if let Some(at) = job.cycle.held_at_ms.take() {
-                    self.start_workflow_run(&mut job, at, consumed, String::new());
+                    let offset = job.offset_ms(at);
+                    self.start_workflow_run(&mut job, at, offset, consumed, String::new());
                 } else {
                     job.cycle.ready = Some(consumed);
                 }
@@ -1616,7 +1681,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         while self.run_rec(&RunId::new(&job.id, at)).is_some() {
             at = at.saturating_add(1);
         }
-        self.start_workflow_run(job, at, consumed, String::new());
+        self.start_workflow_run(job, at, 0, consumed, String::new());
         Self::count_fire(job);
         if job.bounds.max_runs.is_some_and(|m| job.fired_count >= m) {
             job.finished_at_ms = Some(self.now);
@@ -1627,11 +1692,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// only with a completed cycle, else the occurrence waits for one (the
     /// newest waits; an older waiting one is recorded as skipped).
     fn start_occurrence(&mut self, job: &mut Job, scheduled: i64, note: String) {
+        let offset = job.offset_ms(scheduled);
         if job.workflow.is_none() {
-            return self.start_run(job, scheduled, note);
+            return self.start_run(job, scheduled, offset, note);
         }
         if let Some(consumed) = job.cycle.ready.take() {
-            return self.start_workflow_run(job, scheduled, consumed, note);
+            return self.start_workflow_run(job, scheduled, offset, consumed, note);
         }
         if let Some(older) = job.cycle.held_at_ms.replace(scheduled) {
             let why = "workflow: no upstream cycle completed before the next occurrence";
@@ -1645,6 +1711,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         &mut self,
         job: &mut Job,
         at: i64,
+        offset_ms: u64,
         consumed: Vec<(String, RunId)>,
         note: String,
     ) {
@@ -1657,7 +1724,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             last_run_ms: at,
             ..Cycle::default()
         };
-        self.start_run(job, at, text);
+        self.start_run(job, at, offset_ms, text);
         let id = RunId::new(&job.id, at);
         if self.run_rec(&id).is_some() {
             self.put(keys::run_inputs(&id), &consumed);
@@ -1678,7 +1745,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let rows = self.o.range(&prefix, &end, limit.saturating_add(1));
         let (mut removed, mut oldest_kept) = (0, None);
         for (key, value) in rows {
-            let run: Run = decode(&value).expect("corrupt replicated run");
+            let run = Run::from_record(&value).expect("corrupt replicated run");
             if removed == limit || !self.may_go(job, &run) {
                 oldest_kept = Some(run);
                 break;
@@ -1823,7 +1890,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 // from the run record (`StateMachine::active_runs`).
                 run.state = RunState::Running;
                 run.worker = worker.clone();
-                self.put(keys::run(&run.id), &run);
+                self.put_run(&run);
                 self.effects.push(Effect::Assigned {
                     run: run.id,
                     attempt: run.attempt,
@@ -2033,6 +2100,19 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 }
 
+/// Takes the spec's jitter for `job`, keeping the job's seed while it has
+/// a jitter (the seed a later command carries is used only when the job
+/// gets its first), so its offsets stay what they were. Whether it changed.
+fn set_jitter(job: &mut Job, jitter: Option<Jitter>) -> bool {
+    let kept = jitter.map(|j| Jitter {
+        seed: job.jitter.map_or(j.seed, |old| old.seed),
+        ..j
+    });
+    let changed = kept != job.jitter;
+    job.jitter = kept;
+    changed
+}
+
 fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
@@ -2077,15 +2157,103 @@ impl Walk {
     }
 }
 
-/// Walks the occurrences from `first` (due) up to `now`, visiting at most
-/// `MISFIRE_WALK_MAX`; past that the latest one is found by bisection.
-fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError> {
+/// Where a `fire-all` catch-up goes on when more than its cap are due.
+struct CatchUp {
+    /// Occurrences recorded skipped, from the first due one to `last_skipped`.
+    skipped: u64,
+    last_skipped: i64,
+    /// The oldest of the newest `cap` due occurrences (with `more`: where
+    /// the next command goes on).
+    resume_at: i64,
+    /// More than `cap + MISFIRE_WALK_MAX` were due: only the oldest
+    /// `MISFIRE_WALK_MAX` are skipped by this command.
+    more: bool,
+}
+
+/// `None` when at most `cap` of `job`'s occurrences from `first` are due
+/// at `now` (within its end). Closed form for `every`; a cron schedule is
+/// walked, at most `cap + MISFIRE_WALK_MAX` occurrences, keeping the
+/// newest `cap + 1`.
+fn catch_up_limit(
+    job: &Job,
+    first: i64,
+    now: i64,
+    cap: u32,
+) -> Result<Option<CatchUp>, CommandError> {
+    let end = job.bounds.end_at_ms.unwrap_or(i64::MAX);
+    let cap = u64::from(cap.max(1));
+    if let Schedule::Every { every_ms, .. } = job.schedule {
+        let walk = walk_missed(job, first, end, now)?;
+        if walk.count <= cap {
+            return Ok(None);
+        }
+        // In i128: nothing here can wrap, whatever the command's times.
+        let resume = i128::from(walk.last) - i128::from(every_ms.max(1)) * i128::from(cap - 1);
+        let last_skipped = resume - i128::from(every_ms.max(1));
+        return Ok(Some(CatchUp {
+            skipped: walk.count - cap,
+            last_skipped: i64::try_from(last_skipped).unwrap_or(first),
+            resume_at: i64::try_from(resume).unwrap_or(first),
+            more: false,
+        }));
+    }
+    let due = |n: i64| n <= end && job.fire_time(n) <= now;
+    let visit_max = cap + u64::from(limits::MISFIRE_WALK_MAX);
+    let mut newest = std::collections::VecDeque::from([first]);
+    let (mut visited, mut cursor) = (1u64, first);
+    let more = loop {
+        match next_after(&job.schedule, cursor)? {
+            Some(n) if due(n) && visited == visit_max => break true,
+            Some(n) if due(n) => {
+                newest.push_back(n);
+                if newest.len() as u64 > cap + 1 {
+                    newest.pop_front();
+                }
+                visited += 1;
+                cursor = n;
+            }
+            _ => break false,
+        }
+    };
+    if visited <= cap {
+        return Ok(None);
+    }
+    // `newest` holds the last `cap + 1` visited: the last skipped, then the kept.
+    Ok(Some(CatchUp {
+        skipped: visited - cap,
+        last_skipped: newest.front().copied().unwrap_or(first),
+        resume_at: newest.get(1).copied().unwrap_or(first),
+        more,
+    }))
+}
+
+/// Walks `job`'s occurrences from `first` (due) through the last one due:
+/// nominally at or before `nominal_upto` and firing (with its jitter
+/// offset) at or before `fire_upto`. Visits at most `MISFIRE_WALK_MAX`;
+/// past that the latest one is found by bisection. Fire times keep the
+/// schedule's order (a jitter is shorter than the gap between
+/// occurrences), so "due" holds for a prefix of the occurrences.
+fn walk_missed(
+    job: &Job,
+    first: i64,
+    nominal_upto: i64,
+    fire_upto: i64,
+) -> Result<Walk, CommandError> {
+    let s = &job.schedule;
+    let due = |n: i64| n <= nominal_upto && job.fire_time(n) <= fire_upto;
+    // No occurrence after this is due (an offset is never negative).
+    let upto = nominal_upto.min(fire_upto);
     if let Schedule::Every { every_ms, .. } = s {
-        // In i128: `now` may be i64::MAX, and the next occurrence past it
+        // In i128: `upto` may be i64::MAX, and the next occurrence past it
         // does not exist rather than wrap.
         let (every, first_w) = (i128::from((*every_ms).max(1)), i128::from(first));
-        let count = (i128::from(now) - first_w).max(0) / every + 1;
-        let last = first_w + (count - 1) * every;
+        let mut count = (i128::from(upto) - first_w).max(0) / every + 1;
+        let mut last = first_w + (count - 1) * every;
+        if count > 1 && !i64::try_from(last).is_ok_and(due) {
+            // Nominally due, but its offset puts it past `fire_upto`.
+            count -= 1;
+            last -= every;
+        }
         return Ok(Walk {
             last: i64::try_from(last).unwrap_or(first),
             count: u64::try_from(count).unwrap_or(u64::MAX),
@@ -2097,17 +2265,18 @@ fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError>
     loop {
         let next = next_after(s, last)?;
         match next {
-            Some(n) if n <= now && count < limits::MISFIRE_WALK_MAX as u64 => {
+            Some(n) if due(n) && count < limits::MISFIRE_WALK_MAX as u64 => {
                 last = n;
                 count += 1;
             }
-            Some(n) if n <= now => {
+            Some(n) if due(n) => {
+                let last = latest_due(s, last, upto, &due)?;
                 return Ok(Walk {
-                    last: latest_at_or_before(s, last, now)?,
+                    last,
                     count,
                     capped: true,
-                    next: next_after(s, now)?,
-                })
+                    next: next_after(s, last)?,
+                });
             }
             _ => {
                 return Ok(Walk {
@@ -2121,20 +2290,24 @@ fn walk_missed(s: &Schedule, first: i64, now: i64) -> Result<Walk, CommandError>
     }
 }
 
-/// The latest occurrence at or before `now`, given an occurrence `lo`
-/// before it that is not the latest. Bisects on "the next occurrence after
-/// `t` is at or before `now`", true at `lo` and false at `now`: at most 64
-/// searches, however many occurrences lie between.
-fn latest_at_or_before(s: &Schedule, mut lo: i64, now: i64) -> Result<i64, CommandError> {
-    let mut hi = now;
-    // In i128: `lo` may be before the year 1 and `now` i64::MAX.
+/// The latest due occurrence, given a due occurrence `lo` that is not the
+/// latest and a time `hi` no due occurrence is after. Bisects on "the next
+/// occurrence after `t` is due", true at `lo` and false at `hi`: at most
+/// 64 searches, however many occurrences lie between.
+fn latest_due(
+    s: &Schedule,
+    mut lo: i64,
+    mut hi: i64,
+    due: &dyn Fn(i64) -> bool,
+) -> Result<i64, CommandError> {
+    // In i128: `lo` may be before the year 1 and `hi` i64::MAX.
     while i128::from(hi) - i128::from(lo) > 1 {
         let mid = i64::try_from((i128::from(lo) + i128::from(hi)) / 2).unwrap_or(lo);
-        if next_after(s, mid)?.is_some_and(|n| n <= now) {
+        if next_after(s, mid)?.is_some_and(due) {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    Ok(next_after(s, lo)?.filter(|n| *n <= now).unwrap_or(lo))
+    Ok(next_after(s, lo)?.filter(|n| due(*n)).unwrap_or(lo))
 }

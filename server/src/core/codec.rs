@@ -42,6 +42,42 @@ pub fn decode_prefix<T: DeserializeOwned>(
     bincode::serde::decode_from_slice(b, config)
 }
 
+/// A record as stored: `head`'s encoding, followed by `tail`'s only when
+/// the tail is not its default, so a record that uses none of the newer
+/// fields keeps the older format's bytes exactly.
+pub fn encode_with_tail<T: Serialize, E: Serialize + Default + PartialEq>(
+    head: &T,
+    tail: &E,
+) -> Vec<u8> {
+    let mut out = encode(head);
+    if *tail != E::default() {
+        out.extend(encode(tail));
+    }
+    out
+}
+
+/// Reads `encode_with_tail`'s bytes (or a record without a tail): the
+/// tail, when present, must decode exactly to the end.
+pub fn decode_with_tail<T: DeserializeOwned, E: DeserializeOwned + Default>(
+    b: &[u8],
+    what: &'static str,
+) -> Result<(T, E), bincode::error::DecodeError> {
+    let (head, used) = decode_prefix::<T>(b)?;
+    if used == b.len() {
+        return Ok((head, E::default()));
+    }
+    let (tail, tail_used) = decode_prefix::<E>(&b[used..])?;
+    if used + tail_used != b.len() {
+        return Err(bincode::error::DecodeError::Other(what));
+    }
+    Ok((head, tail))
+}
+
+/// Whether a stored record has bytes after its `T` head (a tail).
+pub fn has_tail<T: DeserializeOwned>(b: &[u8]) -> bool {
+    decode_prefix::<T>(b).is_ok_and(|(_, used)| used < b.len())
+}
+
 /// Something stored or received in a format this binary does not read.
 /// `what` names it: "data directory /var/lib/kairos", "log entry 42".
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -272,13 +272,14 @@ pub enum Command {
 }
 
 /// A restored key-value pair only format-3 readers take: a workflow index
-/// or input key, a run's backfill mark, a backfill step entry, or a job
-/// record with an extension tail.
+/// or input key, a run's backfill mark, a backfill step entry, or a job or
+/// run record with an extension tail.
 fn restored_needs_format_3(k: &[u8], v: &[u8]) -> bool {
     match k.first() {
         Some(&keys::DOWNSTREAM | &keys::RUN_INPUTS | &keys::RUN_BACKFILL) => true,
         Some(&keys::JOB) => Job::record_has_tail(v),
         Some(&keys::WHEEL) => keys::wheel_from(k).is_some_and(|w| w.kind == EntryKind::Backfill),
+        Some(&keys::RUN) => Run::record_has_tail(v),
         _ => false,
     }
 }

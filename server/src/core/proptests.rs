@@ -370,6 +370,13 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
                     labels: Labels::new(),
                     workflow: None,
                     max_concurrent: None,
+                    // Derived, not drawn, so the fixed-seed stream (and the
+                    // depth `run_histories` checks) stays as it was.
+                    jitter: (id == "c").then_some(Jitter {
+                        ms: 400,
+                        seed: keep_for_ms ^ backoff_ms,
+                    }),
+                    catch_up_max: None,
                 }
             },
         )
@@ -382,16 +389,25 @@ fn wild_job_spec() -> impl Strategy<Value = JobSpec> {
         1 => Just(vec![7u8; limits::PAYLOAD_MAX_BYTES + 1]),
     ];
     (job_id(), schedule(), group(), payload, policy()).prop_map(
-        |(id, schedule, group, payload, policy)| JobSpec {
-            id,
-            schedule,
-            group,
-            payload,
-            policy,
-            bounds: Bounds::default(),
-            labels: Labels::new(),
-            workflow: None,
-            max_concurrent: None,
+        |(id, schedule, group, payload, policy)| {
+            // Derived, not drawn, as in `sane_job_spec`.
+            let jitter = (id == "b").then(|| Jitter {
+                ms: [0, 1, limits::JITTER_MAX_MS + 1, u64::MAX][usize::from(policy.priority) % 4],
+                seed: policy.backoff_ms,
+            });
+            JobSpec {
+                id,
+                schedule,
+                group,
+                payload,
+                policy,
+                bounds: Bounds::default(),
+                labels: Labels::new(),
+                workflow: None,
+                max_concurrent: None,
+                jitter,
+                catch_up_max: None,
+            }
         },
     )
 }

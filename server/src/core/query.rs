@@ -27,7 +27,7 @@ pub fn runs_after<V: StateView + ?Sized>(
     };
     view.range(&start, &keys::prefix_end(&prefix), limit)
         .iter()
-        .filter_map(|(_, v)| decode(v).ok())
+        .filter_map(|(_, v)| Run::from_record(v).ok())
         .collect()
 }
 

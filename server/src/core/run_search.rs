@@ -7,7 +7,6 @@
 //! looks at most at `scan_max` records, so a selective filter over many runs
 //! returns a short page (even an empty one) with a cursor to go on from.
 
-use super::codec::decode;
 use super::keys;
 use super::types::{Run, RunId, RunState};
 use super::view::StateView;
@@ -100,7 +99,9 @@ pub fn search<V: StateView + ?Sized>(
             scanned += 1;
             start.clone_from(k);
             start.push(0);
-            let Ok(run) = decode::<Run>(v) else { continue };
+            let Ok(run) = Run::from_record(v) else {
+                continue;
+            };
             last = Some(run.id.clone());
             if filter.matches(&run) {
                 runs.push(run);
@@ -145,6 +146,7 @@ mod tests {
             note: String::new(),
             retry_at_ms: None,
             shard_count: 1,
+            offset_ms: 0,
         }
     }
 

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 
 use super::query::runs_after;
-use super::types::{Run, RunState};
+use super::types::{Run, RunState, WheelKey};
 use super::view::StateView;
 
 /// Fired runs (the latest, by scheduled time) whose lateness gives the percentiles.
@@ -56,7 +56,8 @@ pub fn job_stats<V: StateView + ?Sized>(view: &V, job: &str) -> JobStats {
                 if late_ms.len() == LATENESS_RUNS {
                     late_ms.pop_front();
                 }
-                let late = run.fired_at_ms.saturating_sub(run.id.scheduled_at_ms);
+                let due = WheelKey::jittered(&run.id.job, run.id.scheduled_at_ms, run.offset_ms);
+                let late = run.fired_at_ms.saturating_sub(due.fire_at_ms);
                 late_ms.push_back(late.max(0));
             }
         }

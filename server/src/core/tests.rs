@@ -24,6 +24,8 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         labels: Labels::new(),
         workflow: None,
         max_concurrent: None,
+        jitter: None,
+        catch_up_max: None,
     }
 }
 
@@ -131,6 +133,7 @@ fn ready(run: &RunId, attempt: u32, timeout_ms: u64) -> Effect {
         timeout_ms,
         route: Route::LeastLoaded,
         shard_count: 1,
+        offset_ms: 0,
     })
 }
 
@@ -223,14 +226,18 @@ impl Sim {
     }
 
     fn try_run(&self, id: &RunId) -> Option<Run> {
-        self.view.get(&keys::run(id)).map(|b| decode(&b).unwrap())
+        self.view
+            .get(&keys::run(id))
+            .map(|b| Run::from_record(&b).unwrap())
     }
 
     fn runs_of(&self, job: &str) -> Vec<Run> {
         let start = keys::runs_of(job);
         let end = keys::run(&rid(job, i64::MAX));
         let rows = self.view.range(&start, &end, usize::MAX);
-        rows.into_iter().map(|(_, v)| decode(&v).unwrap()).collect()
+        rows.into_iter()
+            .map(|(_, v)| Run::from_record(&v).unwrap())
+            .collect()
     }
 
     fn wheel(&self) -> Vec<WheelKey> {
@@ -2245,5 +2252,7 @@ fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
 }
 
 mod backfill;
+mod catch_up;
+mod jitter;
 mod schedules;
 mod workflows;

@@ -6,7 +6,7 @@
 use bincode::error::DecodeError;
 use serde::{Deserialize, Serialize};
 
-use super::codec::{decode_prefix, encode};
+use super::codec::{decode_with_tail, encode_with_tail, has_tail};
 pub use super::workflow::{Cycle, OnUpstreamFailure, Seen, TriggerRule, Workflow};
 
 pub use super::backfill::{Backfill, BackfillOverlap};
@@ -118,6 +118,18 @@ pub mod limits {
     /// Time between a backfill's steps: with the step size, at most 64
     /// occurrences a second.
     pub const BACKFILL_STEP_MS: i64 = 250;
+    /// The longest a job's jitter may be (systemd's `RandomizedDelaySec`).
+    pub const JITTER_MAX_MS: u64 = 3600 * 1000;
+    /// Consecutive occurrences of a cron or Quartz schedule whose gaps a
+    /// jitter is checked against (it must be shorter than the smallest).
+    pub const JITTER_GAPS_CHECKED: usize = 64;
+    /// Missed occurrences a late `fire-all` job runs after an outage unless
+    /// its `catch_up_max` says otherwise; older ones are recorded skipped.
+    /// Applies once the cluster writes log format 3 (before that, every
+    /// member must decide as older releases do: all of them run).
+    pub const CATCH_UP_DEFAULT: u32 = 100;
+    /// The most a job's `catch_up_max` may be.
+    pub const CATCH_UP_MAX: u32 = 10_000;
 }
 
 /// How the dispatcher picks a worker of the job's group for each attempt.
@@ -312,6 +324,37 @@ pub struct Bounds {
     pub max_runs: Option<u64>,
 }
 
+/// Occurrences of a job fire up to `ms` after their nominal time (systemd
+/// `RandomizedDelaySec`, Temporal's jitter), each at its own offset. The
+/// `seed` is the leader's random draw when the job first got a jitter; it
+/// travels in the command, so apply computes every offset without
+/// randomness, the same on every replica and after any change of leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Jitter {
+    pub ms: u64,
+    pub seed: u64,
+}
+
+impl Jitter {
+    /// The offset of `job`'s occurrence nominally at `at_ms`, in `[0, ms)`:
+    /// a keyed hash (SHA-256 of seed, job id and nominal time) reduced
+    /// modulo `ms`. A pure function: the same occurrence always gets the
+    /// same offset.
+    pub fn offset_ms(&self, job: &str, at_ms: i64) -> u64 {
+        use sha2::{Digest, Sha256};
+        if self.ms == 0 {
+            return 0;
+        }
+        let mut h = Sha256::new();
+        h.update(self.seed.to_le_bytes());
+        h.update(job.as_bytes());
+        h.update(at_ms.to_le_bytes());
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&h.finalize()[..8]);
+        u64::from_le_bytes(word) % self.ms
+    }
+}
+
 /// Labels a job carries for search (`job list --selector`); they never
 /// route (that is `Route::Label`).
 pub type Labels = std::collections::BTreeMap<String, String>;
@@ -336,6 +379,14 @@ pub struct JobSpec {
     /// policy (`None`: unlimited for `allow`, 1 for the others).
     #[serde(skip)]
     pub max_concurrent: Option<u32>,
+    /// Each occurrence fires at its nominal time plus an offset below the
+    /// jitter. An update keeps the seed of a job that already has a jitter.
+    #[serde(skip)]
+    pub jitter: Option<Jitter>,
+    /// Missed occurrences a late `fire-all` catch-up runs (the newest);
+    /// `None`: `limits::CATCH_UP_DEFAULT`.
+    #[serde(skip)]
+    pub catch_up_max: Option<u32>,
 }
 
 /// What a job spec has beyond log format 2's.
@@ -345,6 +396,8 @@ pub struct SpecExt {
     pub labels: Labels,
     pub workflow: Option<Workflow>,
     pub max_concurrent: Option<u32>,
+    pub jitter: Option<Jitter>,
+    pub catch_up_max: Option<u32>,
 }
 
 impl JobSpec {
@@ -355,6 +408,8 @@ impl JobSpec {
             labels: std::mem::take(&mut self.labels),
             workflow: self.workflow.take(),
             max_concurrent: self.max_concurrent.take(),
+            jitter: self.jitter.take(),
+            catch_up_max: self.catch_up_max.take(),
         }
     }
 
@@ -365,6 +420,8 @@ impl JobSpec {
             labels: ext.labels.clone(),
             workflow: ext.workflow.clone(),
             max_concurrent: ext.max_concurrent,
+            jitter: ext.jitter,
+            catch_up_max: ext.catch_up_max,
             ..self.clone()
         }
     }
@@ -460,6 +517,14 @@ pub struct Job {
     /// The job's latest backfill: in progress, or how it ended.
     #[serde(skip)]
     pub backfill: Option<Backfill>,
+    #[serde(skip)]
+    pub jitter: Option<Jitter>,
+    /// The jitter offset of the pending occurrence: its wheel entry fires
+    /// at `next_fire_at_ms` plus this (0 without jitter).
+    #[serde(skip)]
+    pub next_offset_ms: u64,
+    #[serde(skip)]
+    pub catch_up_max: Option<u32>,
 }
 
 /// A job record's tail: the fields state format 8's record lacks.
@@ -475,6 +540,9 @@ struct JobExt {
     max_concurrent: Option<u32>,
     queued: Vec<i64>,
     backfill: Option<Backfill>,
+    jitter: Option<Jitter>,
+    next_offset_ms: u64,
+    catch_up_max: Option<u32>,
 }
 
 impl Job {
@@ -490,7 +558,6 @@ impl Job {
     /// The stored record: the format-8 record, followed by the extension
     /// fields only when one of them is set.
     pub fn to_record(&self) -> Vec<u8> {
-        let mut out = encode(self);
         let ext = JobExt {
             bounds: self.bounds.clone(),
             labels: self.labels.clone(),
@@ -502,40 +569,50 @@ impl Job {
             max_concurrent: self.max_concurrent,
             queued: self.queued.clone(),
             backfill: self.backfill.clone(),
+            jitter: self.jitter,
+            next_offset_ms: self.next_offset_ms,
+            catch_up_max: self.catch_up_max,
         };
-        if ext != JobExt::default() {
-            out.extend(encode(&ext));
-        }
-        out
+        encode_with_tail(self, &ext)
     }
 
     /// Whether a stored record has the extension tail (bytes after the
     /// format-8 record).
     pub fn record_has_tail(b: &[u8]) -> bool {
-        decode_prefix::<Job>(b).is_ok_and(|(_, used)| used < b.len())
+        has_tail::<Job>(b)
     }
 
     /// Reads `to_record`'s bytes (or a format-8 record): the tail, when
     /// present, must decode exactly to its end.
     pub fn from_record(b: &[u8]) -> Result<Job, DecodeError> {
-        let (mut job, used) = decode_prefix::<Job>(b)?;
-        if used < b.len() {
-            let (ext, ext_used) = decode_prefix::<JobExt>(&b[used..])?;
-            if used + ext_used != b.len() {
-                return Err(DecodeError::Other("job record: bytes after its extension"));
-            }
-            job.bounds = ext.bounds;
-            job.labels = ext.labels;
-            job.fired_count = ext.fired_count;
-            job.finished_at_ms = ext.finished_at_ms;
-            job.pause = ext.pause;
-            job.workflow = ext.workflow;
-            job.cycle = ext.cycle;
-            job.max_concurrent = ext.max_concurrent;
-            job.queued = ext.queued;
-            job.backfill = ext.backfill;
-        }
-        Ok(job)
+        let (job, ext) =
+            decode_with_tail::<Job, JobExt>(b, "job record: bytes after its extension")?;
+        Ok(Job {
+            bounds: ext.bounds,
+            labels: ext.labels,
+            fired_count: ext.fired_count,
+            finished_at_ms: ext.finished_at_ms,
+            pause: ext.pause,
+            workflow: ext.workflow,
+            cycle: ext.cycle,
+            max_concurrent: ext.max_concurrent,
+            queued: ext.queued,
+            jitter: ext.jitter,
+            next_offset_ms: ext.next_offset_ms,
+            catch_up_max: ext.catch_up_max,
+            backfill: ext.backfill,
+            ..job
+        })
+    }
+
+    /// The jitter offset of the occurrence nominally at `at_ms` (0 without jitter).
+    pub fn offset_ms(&self, at_ms: i64) -> u64 {
+        self.jitter.map_or(0, |j| j.offset_ms(&self.id, at_ms))
+    }
+
+    /// When the occurrence nominally at `at_ms` fires: with its offset.
+    pub fn fire_time(&self, at_ms: i64) -> i64 {
+        at_ms.saturating_add(i64::try_from(self.offset_ms(at_ms)).unwrap_or(i64::MAX))
     }
 
     /// Active (it has a next occurrence or may get one), paused, or
@@ -664,6 +741,42 @@ pub struct Run {
     pub retry_at_ms: Option<i64>,
     /// Runs of this occurrence (1 unless sharded or broadcast); `id.shard` is below it.
     pub shard_count: u32,
+    /// The occurrence's jitter offset: it fired at `id.scheduled_at_ms`
+    /// plus this. Kept in the record's tail (`Run::to_record`), so a run
+    /// without one is stored as before.
+    #[serde(skip)]
+    pub offset_ms: u64,
+}
+
+/// A run record's tail: the fields state format 8's record lacks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct RunExt {
+    offset_ms: u64,
+}
+
+impl Run {
+    /// The stored record: state format 8's, with the tail only when set.
+    pub fn to_record(&self) -> Vec<u8> {
+        encode_with_tail(
+            self,
+            &RunExt {
+                offset_ms: self.offset_ms,
+            },
+        )
+    }
+
+    pub fn record_has_tail(b: &[u8]) -> bool {
+        has_tail::<Run>(b)
+    }
+
+    pub fn from_record(b: &[u8]) -> Result<Run, DecodeError> {
+        let (run, ext) =
+            decode_with_tail::<Run, RunExt>(b, "run record: bytes after its extension")?;
+        Ok(Run {
+            offset_ms: ext.offset_ms,
+            ..run
+        })
+    }
 }
 
 /// What kind of timer a wheel entry is.
@@ -682,7 +795,8 @@ pub enum EntryKind {
 pub struct WheelKey {
     pub fire_at_ms: i64,
     pub kind: EntryKind,
-    /// For retries: the run's scheduled time. For occurrences: equal to fire_at_ms.
+    /// The run's (retries) or the occurrence's nominal scheduled time; an
+    /// occurrence fires at it plus the job's jitter offset (`fire_at_ms`).
     pub scheduled_at_ms: i64,
     /// For retries: the run's shard. For occurrences: 0.
     pub shard: u32,
@@ -692,8 +806,13 @@ pub struct WheelKey {
 
 impl WheelKey {
     pub fn occurrence(job: &str, at_ms: i64) -> Self {
+        Self::jittered(job, at_ms, 0)
+    }
+
+    /// The occurrence nominally at `at_ms`, firing `offset_ms` later.
+    pub fn jittered(job: &str, at_ms: i64, offset_ms: u64) -> Self {
         WheelKey {
-            fire_at_ms: at_ms,
+            fire_at_ms: at_ms.saturating_add(i64::try_from(offset_ms).unwrap_or(i64::MAX)),
             kind: EntryKind::Occurrence,
             job: job.to_string(),
             scheduled_at_ms: at_ms,
@@ -751,6 +870,8 @@ pub struct ReadyRun {
     pub route: Route,
     /// Runs of the occurrence: above 1 the dispatcher spreads them over workers.
     pub shard_count: u32,
+    /// The occurrence's jitter offset (lateness is counted from its scheduled time plus this).
+    pub offset_ms: u64,
 }
 
 /// What a token may do. `Admin` everything (tokens and membership

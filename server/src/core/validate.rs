@@ -5,7 +5,8 @@
 use super::command::CommandError;
 use super::schedule::Schedule;
 use super::types::{
-    limits, Bounds, Fanout, JobSpec, Labels, Overlap, Policy, Role, Route, ScheduleInput, Token,
+    limits, Bounds, Fanout, Jitter, JobSpec, Labels, Overlap, Policy, Role, Route, ScheduleInput,
+    Token,
 };
 use super::workflow::Workflow;
 
@@ -120,7 +121,63 @@ pub fn job_spec_with(
             )));
         }
     }
+    if let Some(j) = spec.jitter {
+        jitter(j, &spec.schedule, now_ms)?;
+    }
+    if let Some(n) = spec.catch_up_max {
+        if n == 0 || n > limits::CATCH_UP_MAX {
+            return Err(invalid(format!(
+                "catch_up_max: must be between 1 and {}, got {n}",
+                limits::CATCH_UP_MAX
+            )));
+        }
+    }
     workflow(&spec.id, &spec.schedule, spec.workflow.as_ref())
+}
+
+/// A jitter is 1 ms to `JITTER_MAX_MS`, and shorter than the gap between
+/// consecutive occurrences: the `every` interval, or for cron and Quartz
+/// the smallest gap among the next `JITTER_GAPS_CHECKED` occurrences after
+/// `now_ms`. So an occurrence always fires before the next one's nominal
+/// time, and fire times keep the schedule's order.
+pub fn jitter(j: Jitter, s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
+    if j.ms == 0 || j.ms > limits::JITTER_MAX_MS {
+        return Err(invalid(format!(
+            "jitter: must be between 1 ms and 1 h ({} ms), got {} ms",
+            limits::JITTER_MAX_MS,
+            j.ms
+        )));
+    }
+    let gap = match s.resolve(now_ms) {
+        Schedule::Upstream => {
+            return Err(invalid(
+                "jitter: a job without a schedule of its own has no occurrence to delay".into(),
+            ))
+        }
+        Schedule::Once { .. } => return Ok(()),
+        Schedule::Every { every_ms, .. } => every_ms,
+        cron => smallest_gap(&cron, now_ms)?,
+    };
+    if j.ms >= gap {
+        return Err(invalid(format!(
+            "jitter: must be shorter than the schedule's gap between occurrences ({gap} ms), got {} ms",
+            j.ms
+        )));
+    }
+    Ok(())
+}
+
+/// The smallest gap between the next `JITTER_GAPS_CHECKED` occurrences of
+/// a cron schedule (`u64::MAX` when fewer than two remain).
+fn smallest_gap(s: &Schedule, now_ms: i64) -> Result<u64, CommandError> {
+    let next = s
+        .preview(now_ms, limits::JITTER_GAPS_CHECKED)
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(next
+        .windows(2)
+        .map(|w| u64::try_from(i128::from(w[1]) - i128::from(w[0])).unwrap_or(u64::MAX))
+        .min()
+        .unwrap_or(u64::MAX))
 }
 
 /// Upstreams: 1 to `UPSTREAMS_MAX` valid job ids, distinct, not the job
@@ -410,6 +467,8 @@ mod tests {
             labels: Labels::new(),
             workflow: None,
             max_concurrent: None,
+            jitter: None,
+            catch_up_max: None,
         }
     }
 

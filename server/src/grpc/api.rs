@@ -18,7 +18,8 @@ use super::convert::{
 use super::{error, forwarded, read_barrier, route, write_now_ms};
 use crate::backup;
 use crate::core::{
-    limits, query, run_search, validate, Command, Response as R, Role, RunId, Schedule, Token,
+    limits, query, run_search, validate, Command, Job, JobSpec, Response as R, Role, RunId,
+    Schedule, Token,
 };
 use crate::handover;
 use crate::membership;
@@ -131,6 +132,17 @@ impl Api {
     }
 }
 
+/// Draws a jitter's seed on the leader (these handlers run there after
+/// forwarding), never in apply: it travels in the command, so every replica
+/// computes the same offsets. Apply keeps the seed of a job that already
+/// has a jitter.
+fn with_seed(mut spec: JobSpec) -> JobSpec {
+    if let Some(j) = spec.jitter.as_mut() {
+        j.seed = rand::random();
+    }
+    spec
+}
+
 #[tonic::async_trait]
 impl pb::jobs_server::Jobs for Api {
     type WatchStream = super::watch::WatchStream;
@@ -149,7 +161,7 @@ impl pb::jobs_server::Jobs for Api {
         req: Request<pb::CreateJobRequest>,
     ) -> Result<Response<pb::Job>, Status> {
         let rid = forward!(self, req, Need::Write, JobsClient, create_job);
-        let spec = spec_in(req.into_inner().spec)?;
+        let spec = with_seed(spec_in(req.into_inner().spec)?);
         let now_ms = write_now_ms(&self.node).await?;
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
         self.write_job(rid, Command::create_job(spec, now_ms)).await
@@ -161,7 +173,7 @@ impl pb::jobs_server::Jobs for Api {
     ) -> Result<Response<pb::Job>, Status> {
         let rid = forward!(self, req, Need::Write, JobsClient, update_job);
         let r = req.into_inner();
-        let spec = spec_in(r.spec)?;
+        let spec = with_seed(spec_in(r.spec)?);
         let now_ms = write_now_ms(&self.node).await?;
         // The schedule is checked in apply, which knows whether it changed.
         validate::job_spec_with(&spec, now_ms, false).map_err(error::command)?;
@@ -348,10 +360,10 @@ impl pb::jobs_server::Jobs for Api {
             )));
         }
         let now = self.node.clock.now_ms();
-        let schedule: Schedule = if r.schedule.is_some() {
+        let (schedule, job): (Schedule, Option<Job>) = if r.schedule.is_some() {
             let input = schedule_in(r.schedule)?;
             validate::schedule(&input, now).map_err(error::command)?;
-            input.resolve(now)
+            (input.resolve(now), None)
         } else {
             Self::job_id(&r.id)?;
             let job = self
@@ -359,7 +371,7 @@ impl pb::jobs_server::Jobs for Api {
                 .sm
                 .get_job(&r.id)
                 .ok_or_else(|| Status::not_found(format!("job {:?} not found", r.id)))?;
-            job.schedule
+            (job.schedule.clone(), Some(job))
         };
         let fire_at_ms = schedule
             .preview(now, count)
@@ -367,9 +379,16 @@ impl pb::jobs_server::Jobs for Api {
         let dst_notes = (fire_at_ms.iter())
             .map(|t| schedule.dst_note(*t).unwrap_or_default())
             .collect();
+        let jitter = job.as_ref().and_then(|j| j.jitter);
+        let offsets_ms = match (&job, jitter) {
+            (Some(j), Some(_)) => fire_at_ms.iter().map(|t| j.offset_ms(*t)).collect(),
+            _ => Vec::new(),
+        };
         Ok(Response::new(pb::NextFiresResponse {
             fire_at_ms,
             dst_notes,
+            jitter_ms: jitter.map_or(0, |j| j.ms),
+            offsets_ms,
         }))
     }
 }
@@ -851,6 +870,7 @@ mod tests {
             note: String::new(),
             retry_at_ms: None,
             shard_count: 1,
+            offset_ms: 0,
         }
     }
 

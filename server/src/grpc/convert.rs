@@ -6,9 +6,9 @@ use tonic::Status;
 use crate::core::query::JobFilter;
 use crate::core::stats::JobStats;
 use crate::core::{
-    limits, validate, Backfill, BackfillOverlap, Bounds, Fanout, Job, JobSpec, JobState, Labels,
-    Misfire, OnUpstreamFailure, Overlap, PauseNote, Policy, Route, Run, RunState, ScheduleInput,
-    TriggerRule, Workflow,
+    limits, validate, Backfill, BackfillOverlap, Bounds, Fanout, Jitter, Job, JobSpec, JobState,
+    Labels, Misfire, OnUpstreamFailure, Overlap, PauseNote, Policy, Route, Run, RunState,
+    ScheduleInput, TriggerRule, Workflow,
 };
 
 fn invalid(msg: impl Into<String>) -> Status {
@@ -146,6 +146,9 @@ pub fn spec_in(s: Option<pb::JobSpec>) -> Result<JobSpec, Status> {
         labels: s.job_labels.into_iter().collect(),
         workflow: workflow_in(s.upstream, &s.trigger_rule, &s.on_upstream_failure)?,
         max_concurrent: s.max_concurrent,
+        // The seed is the leader's to draw (`Api::with_seed`).
+        jitter: s.jitter_ms.map(|ms| Jitter { ms, seed: 0 }),
+        catch_up_max: s.catch_up_max,
     })
 }
 
@@ -268,6 +271,8 @@ pub fn job_out(j: &Job) -> pb::Job {
             .map(|w| w.on_failure.as_str().into())
             .unwrap_or_default(),
         max_concurrent: j.max_concurrent,
+        jitter_ms: j.jitter.map(|jt| jt.ms),
+        catch_up_max: j.catch_up_max,
     };
     let pause = j.pause.clone().unwrap_or(PauseNote {
         note: String::new(),
@@ -295,6 +300,7 @@ pub fn job_out(j: &Job) -> pb::Job {
         downstream: Vec::new(),
         queued_at_ms: j.queued.clone(),
         backfill: j.backfill.as_ref().map(backfill_out),
+        next_offset_ms: j.next_offset_ms,
     }
 }
 
@@ -444,6 +450,7 @@ pub fn run_out(r: &Run) -> pb::Run {
         shard_count: r.shard_count,
         upstream_runs: Vec::new(),
         backfill: String::new(),
+        offset_ms: r.offset_ms,
     }
 }
 

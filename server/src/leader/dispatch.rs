@@ -670,6 +670,8 @@ fn ready_of(run: RunId, a: ActiveRun) -> ReadyRun {
         timeout_ms: a.timeout_ms,
         route: a.route,
         shard_count: a.shard_count,
+        // Only a fresh fire's lateness counts it, and that comes from apply.
+        offset_ms: 0,
     }
 }
 
@@ -771,6 +773,7 @@ mod tests {
             timeout_ms,
             route: Route::LeastLoaded,
             shard_count: 1,
+            offset_ms: 0,
         }
     }
 

@@ -357,7 +357,9 @@ impl Term {
     /// Counts and logs an attempt that became ready (the fire, or a retry);
     /// a backfilled occurrence is late by choice and not counted as a fire.
     fn on_ready(&self, r: &ReadyRun, backfilled: bool) {
-        let late_ms = self.node.clock.now_ms() - r.run.scheduled_at_ms;
+        // From the occurrence's fire time: its jitter offset is not lateness.
+        let due_ms = WheelKey::jittered(&r.run.job, r.run.scheduled_at_ms, r.offset_ms).fire_at_ms;
+        let late_ms = self.node.clock.now_ms() - due_ms;
         if r.attempt == 1 && !backfilled {
             self.node.metrics.fired(&r.group, late_ms);
         }

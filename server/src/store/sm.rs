@@ -355,7 +355,8 @@ impl StateMachine {
     }
 
     pub fn get_run(&self, id: &RunId) -> Option<Run> {
-        self.meta(&keys::run(id))
+        let b = self.view().get(&keys::run(id))?;
+        Run::from_record(&b).ok()
     }
 
     /// The upstream runs a workflow run consumed (empty for other runs).
@@ -408,7 +409,9 @@ impl StateMachine {
         let mut end = keys::runs_of(job);
         end.extend_from_slice(&[0xff; 9]);
         let rows = self.view().range(&start, &end, limit);
-        rows.iter().filter_map(|(_, v)| decode(v).ok()).collect()
+        rows.iter()
+            .filter_map(|(_, v)| Run::from_record(v).ok())
+            .collect()
     }
 
     /// Wheel keys due in `(from_ms, upto_ms]` in key order, or, with `after`,
@@ -1013,6 +1016,8 @@ mod tests {
             labels: Default::default(),
             workflow: None,
             max_concurrent: None,
+            jitter: None,
+            catch_up_max: None,
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),

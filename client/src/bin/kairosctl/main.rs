@@ -433,13 +433,24 @@ async fn next_fires(c: &Client, out: Output, req: pb::NextFiresRequest) -> anyho
         })
         .await?;
     let note = |i: usize| r.dst_notes.get(i).filter(|n| !n.is_empty());
-    let text = (r.fire_at_ms.iter().enumerate())
-        .map(|(i, t)| match note(i) {
-            Some(n) => format!("{}  {n}", time_text(*t)),
-            None => time_text(*t),
+    let offset = |i: usize| r.offsets_ms.get(i).map(|o| format!("  +{}", ms_text(*o)));
+    let mut text = (r.fire_at_ms.iter().enumerate())
+        .map(|(i, t)| {
+            let (offset, note) = (offset(i).unwrap_or_default(), note(i));
+            format!(
+                "{}{offset}{}",
+                time_text(*t),
+                note.map(|n| format!("  {n}")).unwrap_or_default()
+            )
         })
         .collect::<Vec<_>>()
         .join("\n");
+    if r.jitter_ms > 0 {
+        text.push_str(&format!(
+            "\n(nominal times; jitter {}: each fires at its time plus the offset shown)",
+            ms_text(r.jitter_ms)
+        ));
+    }
     // JSON stays the list of times it always was; the notes are the API's `dst_notes`.
     print_value(out, json!(r.fire_at_ms), &text);
     Ok(())
@@ -837,6 +848,7 @@ fn job_json(j: &pb::Job) -> Value {
             "next_at_ms": b.next_at_ms, "started_by": b.started_by, "started_at_ms": b.started_at_ms,
             "ended_at_ms": b.ended_at_ms,
         })),
+        "jitter_ms": s.jitter_ms, "next_offset_ms": j.next_offset_ms,
     });
     if let (Some(v), Value::Object(state)) = (v.as_object_mut(), state) {
         v.extend(state);
@@ -856,6 +868,18 @@ fn pause_text(j: &pb::Job) -> String {
         time_text(j.paused_at_ms),
         j.pause_note
     )
+}
+
+/// The pending occurrence's nominal time, with its jitter offset when it has one.
+fn next_fire_text(j: &pb::Job) -> String {
+    match j.next_offset_ms {
+        0 => time_text(j.next_fire_at_ms),
+        off => format!(
+            "{} +{} (jitter)",
+            time_text(j.next_fire_at_ms),
+            ms_text(off)
+        ),
+    }
 }
 
 /// A job field by field (`job get`).
@@ -880,7 +904,12 @@ fn print_job(out: Output, j: &pb::Job) {
         ("id", s.id.clone()),
         ("group", s.group.clone()),
         ("schedule", schedule_text(&s.schedule)),
-        ("next fire", time_text(j.next_fire_at_ms)),
+        ("next fire", next_fire_text(j)),
+        (
+            "jitter",
+            s.jitter_ms
+                .map_or("-".into(), |ms| format!("{} per occurrence", ms_text(ms))),
+        ),
         ("paused", if j.paused { pause_text(j) } else { "no".into() }),
         ("revision", j.revision.to_string()),
         ("created", time_text(j.created_at_ms)),
@@ -892,9 +921,12 @@ fn print_job(out: Output, j: &pb::Job) {
         (
             "misfire",
             format!(
-                "{} (grace {})",
+                "{} (grace {}{})",
                 spec::misfire_text(s.misfire),
-                ms_text(s.misfire_grace_ms)
+                ms_text(s.misfire_grace_ms),
+                s.catch_up_max
+                    .map(|n| format!(", catch-up at most {n}"))
+                    .unwrap_or_default()
             ),
         ),
         (
@@ -974,6 +1006,7 @@ fn run_json(r: &pb::Run) -> Value {
         "finished_at_ms": r.finished_at_ms, "result": String::from_utf8_lossy(&r.result), "error": r.error, "note": r.note,
         "shard": r.shard, "shard_count": r.shard_count, "upstream_runs": r.upstream_runs,
         "backfill": r.backfill,
+        "offset_ms": r.offset_ms,
     })
 }
 
@@ -1074,9 +1107,13 @@ fn print_runs(out: Output, runs: &[pb::Run]) {
                 .filter(|t| !t.is_empty())
                 .collect();
             let text = text.join(" | ").replace('\n', " ");
+            let scheduled = match r.offset_ms {
+                0 => time_text(r.scheduled_at_ms),
+                off => format!("{} +{}", time_text(r.scheduled_at_ms), ms_text(off)),
+            };
             vec![
                 r.run_id.clone(),
-                time_text(r.scheduled_at_ms),
+                scheduled,
                 run_state(r.state).to_string(),
                 r.attempt.to_string(),
                 r.worker.clone(),

@@ -111,6 +111,18 @@ pub struct SpecArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent: Option<u32>,
+    /// Delay each occurrence by its own offset below this, e.g. 30s
+    /// (systemd RandomizedDelaySec; 1 ms to 1 h, shorter than the gap
+    /// between occurrences). Stable per occurrence across failovers; 0 = none.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<String>,
+    /// With misfire fire-all: at most this many missed occurrences run after
+    /// an outage (the newest, in order); older ones are recorded skipped in
+    /// one note (1 to 10000; default 100).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catch_up_max: Option<u32>,
     /// Upstream jobs (comma-separated ids, 1 to 32): the job runs when they
     /// complete a cycle (docs/workflows.md). Without a schedule it has no
     /// schedule of its own.
@@ -248,6 +260,8 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         trigger_rule: a.trigger_rule.clone().unwrap_or_default(),
         on_upstream_failure: a.on_upstream_failure.clone().unwrap_or_default(),
         max_concurrent: a.max_concurrent,
+        jitter_ms: Some(opt_ms("jitter", &a.jitter)?).filter(|ms| *ms > 0),
+        catch_up_max: a.catch_up_max,
     })
 }
 
@@ -288,6 +302,8 @@ pub fn args_of(s: &pb::JobSpec) -> SpecArgs {
         max_runs: s.max_runs,
         upstream: s.upstream.clone(),
         max_concurrent: s.max_concurrent,
+        jitter: s.jitter_ms.map(ms_text),
+        catch_up_max: s.catch_up_max,
         trigger_rule: (!s.trigger_rule.is_empty()).then(|| s.trigger_rule.clone()),
         on_upstream_failure: (!s.on_upstream_failure.is_empty())
             .then(|| s.on_upstream_failure.clone()),

@@ -163,7 +163,7 @@ const RUN_HEADERS = ["run", "scheduled (UTC)", "state", "attempt", "worker", "re
 
 // Lateness (fired - scheduled) of the recent runs, oldest left, as SVG bars.
 function latenessChart(runs) {
-  const late = runs.filter(r => r.fired_at_ms).map(r => Math.max(0, r.fired_at_ms - r.scheduled_at_ms)).reverse();
+  const late = runs.filter(r => r.fired_at_ms).map(r => Math.max(0, r.fired_at_ms - r.scheduled_at_ms - r.offset_ms)).reverse();
   const w = 400, h = 80, max = Math.max(1, ...late);
   const svg = document.createElementNS(SVG, "svg");
   for (const [k, v] of Object.entries({ class: "chart", id: "lateness-chart", width: w, height: h + 16, viewBox: `0 0 ${w} ${h + 16}` })) svg.setAttribute(k, v);
@@ -192,6 +192,7 @@ async function jobPage(id) {
   const spec = el("dl", { class: "spec", id: "job-spec" });
   const fields = [["group", j.group], ["schedule", scheduleText(j.schedule)], ["state", j.state + (j.paused && j.pause_note ? " — " + j.pause_note : "")],
     ["revision", j.revision], ["created", time(j.created_at_ms)], ["updated", time(j.updated_at_ms)],
+    ["jitter", j.jitter_ms ? j.jitter_ms + " ms (next occurrence +" + j.next_offset_ms + " ms)" : "-"],
     ["misfire", j.misfire + " (grace " + j.misfire_grace_ms + " ms)"], ["timeout", j.timeout_ms + " ms"],
     ["attempts", j.max_attempts + " (backoff " + j.backoff_ms + " ms)"], ["priority", j.priority],
     ["overlap", j.overlap + (j.max_concurrent ? " (max " + j.max_concurrent + " concurrent)" : "") + (j.queued_at_ms.length ? ", " + j.queued_at_ms.length + " queued" : "")], ["route", j.route], ["job labels", JSON.stringify(j.job_labels)], ["route labels", JSON.stringify(j.labels)],
