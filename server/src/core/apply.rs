@@ -1337,6 +1337,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let replacing = self.being_replaced(&job);
         job.active_runs = job.active_runs.saturating_sub(1);
         self.after_finish(&mut job, true);
+        self.wake_backfill(&mut job);
         if replacing {
             // The replacement starts once every run it replaces has stopped.
             if let Some(b) = job.buffered_at_ms.filter(|_| job.active_runs == 0) {
@@ -1405,6 +1406,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             ended_at_ms: None,
             cancelled: false,
             step_at_ms: None,
+            waiting: false,
         });
         self.set_backfill_step(&mut job, Some(self.now));
         self.put_job(&job);
@@ -1455,6 +1457,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return false;
         };
         b.step_at_ms = None;
+        b.waiting = false;
         let mut budget = if job.paused {
             0
         } else {
@@ -1462,6 +1465,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         };
         while let (Some(at), true) = (b.next_ms, budget > 0) {
             if !self.backfill_occurrence(&mut job, &mut b, at) {
+                b.waiting = true;
                 break;
             }
             // A schedule error (none is stored valid and then fails) ends the range.
@@ -1472,11 +1476,25 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if !more {
             b.ended_at_ms = Some(self.now);
         }
+        let delay = match b.waiting {
+            true => limits::BACKFILL_WAIT_POLL_MS,
+            false => limits::BACKFILL_STEP_MS,
+        };
         job.backfill = Some(b);
-        let step = (more && !job.paused).then(|| self.now.saturating_add(limits::BACKFILL_STEP_MS));
+        let step = (more && !job.paused).then(|| self.now.saturating_add(delay));
         self.set_backfill_step(&mut job, step);
         self.put_job(&job);
         true
+    }
+
+    /// A run of the job ended: a backfill waiting for room takes its next
+    /// step now instead of at its slow poll.
+    fn wake_backfill(&mut self, job: &mut Job) {
+        let waiting = (job.backfill.as_mut()).filter(|b| b.waiting && b.step_at_ms.is_some());
+        if let (Some(b), false) = (waiting, job.paused) {
+            b.waiting = false;
+            self.set_backfill_step(job, Some(self.now));
+        }
     }
 
     /// Creates the backfilled occurrence at `at`, marking its runs; false

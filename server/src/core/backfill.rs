@@ -84,6 +84,10 @@ pub struct Backfill {
     pub cancelled: bool,
     /// Due time of its one step entry in the wheel, while in progress.
     pub step_at_ms: Option<i64>,
+    /// Waiting for room (`buffer-all` with the job at its most active
+    /// runs): the next step is a slow poll, and a run of the job ending
+    /// brings it forward to then.
+    pub waiting: bool,
 }
 
 impl Backfill {

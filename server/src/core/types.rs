@@ -118,6 +118,9 @@ pub mod limits {
     /// Time between a backfill's steps: with the step size, at most 64
     /// occurrences a second.
     pub const BACKFILL_STEP_MS: i64 = 250;
+    /// Time to a backfill's next step while it waits for room; a run of the
+    /// job ending brings the step forward, so this is only a safety net.
+    pub const BACKFILL_WAIT_POLL_MS: i64 = 10_000;
     /// The longest a job's jitter may be (systemd's `RandomizedDelaySec`).
     pub const JITTER_MAX_MS: u64 = 3600 * 1000;
     /// Consecutive occurrences of a cron or Quartz schedule whose gaps a

@@ -162,9 +162,19 @@ fn occurrences_that_ran_are_left_alone_buffer_all_waits_for_room_and_skip_record
         None,
         "a run it found is not marked"
     );
+    // Waiting for room, it looks again only at the slow poll...
+    let poll = step_key(&sim, "a").expect("a step entry").fire_at_ms;
+    assert_eq!(poll, now + limits::BACKFILL_WAIT_POLL_MS);
+    assert!(backfill(&sim, "a").waiting);
     step(&mut sim, "a");
     assert_eq!(times(&sim, "a"), vec![1000, 2000], "no room: still waiting");
-    end(&mut sim, &rid("a", T0 + 2000), T0 + 10_600);
+    let again = step_key(&sim, "a").expect("a step entry").fire_at_ms;
+    assert_eq!(again, poll + limits::BACKFILL_WAIT_POLL_MS);
+    // ...and at once when a run of the job ends.
+    let ended_at = poll + 600;
+    end(&mut sim, &rid("a", T0 + 2000), ended_at);
+    assert_eq!(step_key(&sim, "a").map(|k| k.fire_at_ms), Some(ended_at));
+    assert!(!backfill(&sim, "a").waiting);
     step(&mut sim, "a");
     assert_eq!(times(&sim, "a"), vec![1000, 2000, 3000]);
     assert_eq!(backfill(&sim, "a").state(), "done");
