@@ -1217,18 +1217,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.create_runs(job, scheduled, offset_ms, note);
     }
 
-    /// Whether `replace` waits for the runs it cancels to stop: since log
-    /// format 3, so every member of a cluster decides it the same way.
+    /// Whether `replace` waits for the runs it cancels to stop (see
+    /// `Job::being_replaced`).
     fn replace_waits(&self) -> bool {
-        query::log_format(&self.o) >= 3
+        Job::replace_waits(query::log_format(&self.o))
     }
 
-    /// Whether the job's active runs are being replaced: a `replace`
-    /// occurrence waits (in `buffered_at_ms`) for them to stop.
     fn being_replaced(&self, job: &Job) -> bool {
-        job.policy.overlap == Overlap::Replace
-            && job.buffered_at_ms.is_some()
-            && self.replace_waits()
+        job.being_replaced(query::log_format(&self.o))
     }
 
     /// Overlap `replace`: cancels at once the runs no worker holds, and asks

@@ -550,6 +550,21 @@ struct JobExt {
 
 impl Job {
     /// Runs active at once before an occurrence meets the overlap policy.
+    /// Whether `replace` waits for the runs it cancels to stop: since log
+    /// format 3, so every member of a cluster decides it the same way.
+    pub fn replace_waits(log_format: u32) -> bool {
+        log_format >= 3
+    }
+
+    /// Whether the job's active runs are being replaced (under the
+    /// cluster's active `log_format`): a `replace` occurrence waits in
+    /// `buffered_at_ms` for them to stop.
+    pub fn being_replaced(&self, log_format: u32) -> bool {
+        self.policy.overlap == Overlap::Replace
+            && self.buffered_at_ms.is_some()
+            && Job::replace_waits(log_format)
+    }
+
     pub fn capacity(&self) -> u32 {
         match (self.max_concurrent, self.policy.overlap) {
             (Some(n), _) => n,

@@ -159,6 +159,9 @@ struct Lease {
     /// the retry can still avoid it.
     worker: String,
     expiring: bool,
+    /// The attempt was asked to stop: asked again of whichever stream
+    /// claims it later (a worker reconnecting to a new leader).
+    stop: bool,
 }
 
 /// A group whose ready attempts did not all fit its queue: the rest is
@@ -382,13 +385,12 @@ impl Dispatcher {
     }
 
     pub fn cancel(&self, run: &RunId, attempt: u32) {
-        let s = self.lock();
-        let conn = s
-            .leases
-            .get(run)
-            .filter(|l| l.attempt == attempt)
-            .and_then(|l| l.conn);
-        if let Some(w) = conn.and_then(|c| s.workers.get(&c)) {
+        let mut s = self.lock();
+        let Some(l) = s.leases.get_mut(run).filter(|l| l.attempt == attempt) else {
+            return;
+        };
+        l.stop = true;
+        if let Some(w) = l.conn.and_then(|c| s.workers.get(&c)) {
             let _ = w.tx.try_send(ToWorker::Cancel {
                 run: run.clone(),
                 attempt,
@@ -452,6 +454,13 @@ impl Dispatcher {
             l.lease_until_ms = now_ms.saturating_add(LEASE_MS);
             if l.conn.is_none() {
                 l.conn = Some(conn);
+                if l.stop {
+                    let attempt = l.attempt;
+                    let _ = w.tx.try_send(ToWorker::Cancel {
+                        run: run.clone(),
+                        attempt,
+                    });
+                }
             }
             if l.conn == Some(conn) {
                 w.in_flight.insert(run.clone());
@@ -526,6 +535,7 @@ impl Dispatcher {
                         conn: None,
                         worker: a.worker,
                         expiring: false,
+                        stop: false,
                     };
                     self.lock().leases.insert(run, lease);
                 }
@@ -645,6 +655,7 @@ impl State {
             conn: Some(conn),
             worker: w.id.clone(),
             expiring: false,
+            stop: false,
         };
         self.queued.remove(&item.run);
         self.prev_worker.remove(&item.run);
@@ -900,6 +911,37 @@ mod tests {
         assert_eq!(handed[0].run.job, "p");
         assert!(d.expired(1099).is_empty());
         assert!(d.expired(1100).contains(&(rid("r", 1), 1)));
+    }
+
+    #[test]
+    fn a_stop_asked_before_the_worker_reconnects_reaches_it_when_it_claims_the_attempt() {
+        let d = Dispatcher::default();
+        let running = ActiveRun {
+            group: "g".into(),
+            priority: 5,
+            state: RunState::Running,
+            attempt: 2,
+            timeout_ms: 60_000,
+            route: Route::LeastLoaded,
+            worker: "w1".into(),
+            shard_count: 1,
+        };
+        // A new leader: the attempt is known from state, its worker not yet connected.
+        d.rebuild(vec![(rid("r", 1), running)], 0);
+        d.cancel(&rid("r", 1), 1);
+        d.cancel(&rid("r", 1), 2);
+        let (tx, mut rx) = mpsc::channel(16);
+        let conn = d.register(info("w1", vec!["g".into()], BTreeMap::new(), 5), tx);
+        d.heartbeat(conn, &[rid("r", 1)], 100);
+        match rx.try_recv() {
+            Ok(ToWorker::Cancel { run, attempt }) => assert_eq!((run, attempt), (rid("r", 1), 2)),
+            other => panic!("expected the stop request, got {other:?}"),
+        }
+        d.heartbeat(conn, &[rid("r", 1)], 200);
+        assert!(
+            rx.try_recv().is_err(),
+            "asked once per stream that claims it"
+        );
     }
 
     #[test]

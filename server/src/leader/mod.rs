@@ -8,6 +8,7 @@ pub mod dispatch;
 pub mod housekeep;
 pub mod wheel;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,9 @@ use rand::Rng;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::time::sleep;
 
-use crate::core::{limits, Command, Effect, ReadyRun, Response, RunId, WheelKey};
+use crate::core::{
+    limits, ActiveRun, Command, Effect, ReadyRun, Response, RunId, RunState, WheelKey,
+};
 use crate::node::Node;
 use crate::runlog;
 use wheel::TimingWheel;
@@ -242,10 +245,31 @@ impl Term {
     /// Rebuilds the in-memory wheel and dispatch state from replicated state.
     fn resync(&mut self, now: i64) {
         self.reload_wheel();
-        self.node
-            .dispatcher
-            .rebuild(self.node.sm.active_runs(ACTIVE_LOAD_MAX), now);
+        let active = self.node.sm.active_runs(ACTIVE_LOAD_MAX);
+        let stopping = self.being_replaced(&active);
+        self.node.dispatcher.rebuild(active, now);
+        // The previous leader's stop request may never have reached these
+        // workers: asked again as each claims its attempt here.
+        for (run, attempt) in stopping {
+            self.node.dispatcher.cancel(&run, attempt);
+        }
         self.node.dispatch_now();
+    }
+
+    /// Running attempts of jobs whose overlap `replace` waits for them to stop.
+    fn being_replaced(&self, active: &[(RunId, ActiveRun)]) -> Vec<(RunId, u32)> {
+        let format = self.node.sm.log_format();
+        let mut jobs: HashMap<&str, bool> = HashMap::new();
+        let mut out = Vec::new();
+        for (run, a) in active.iter().filter(|(_, a)| a.state == RunState::Running) {
+            let replaced = *jobs.entry(run.job.as_str()).or_insert_with(|| {
+                (self.node.sm.get_job(&run.job)).is_some_and(|j| j.being_replaced(format))
+            });
+            if replaced {
+                out.push((run.clone(), a.attempt));
+            }
+        }
+        out
     }
 
     /// Empties the in-memory wheel; `refill` loads it again from the durable index.
