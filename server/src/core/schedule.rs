@@ -751,6 +751,32 @@ mod tests {
     use std::collections::BTreeSet;
 
     #[test]
+    fn a_union_marks_the_dst_shift_of_its_cron_member_even_at_a_shared_instant() {
+        let utc = |d, h| {
+            Utc.with_ymd_and_hms(2026, 3, d, h, 0, 0)
+                .unwrap()
+                .timestamp_millis()
+        };
+        // The cron's 02:30 shifts to 03:00 EDT = 07:00 UTC on 2026-03-08,
+        // which the hourly schedule (anchored at 12:00 UTC) also matches.
+        let union = Schedule::Union(vec![
+            Schedule::Every {
+                every_ms: 3_600_000,
+                anchor_ms: utc(7, 12),
+            },
+            Schedule::Cron {
+                expr: "30 2 * * *".into(),
+                tz: "America/New_York".into(),
+            },
+        ]);
+        let next = union.preview(utc(8, 5), 3).unwrap();
+        assert_eq!(next, vec![utc(8, 6), utc(8, 7), utc(8, 8)], "07:00 once");
+        let note = union.dst_note(utc(8, 7)).expect("the shifted cron occurrence");
+        assert!(note.contains("does not exist on 2026-03-08"), "{note}");
+        assert_eq!(union.dst_note(utc(8, 8)), None, "the hourly one alone");
+    }
+
+    #[test]
     fn dst_notes_mark_occurrences_a_gap_shifts_and_a_repeat_fires_once() {
         let ny = |expr: &str| Schedule::Cron {
             expr: expr.into(),

@@ -498,4 +498,46 @@ mod tests {
         assert_eq!((p.cron, p.tz, p.every), (None, None, Some("30s".into())));
         assert_eq!(p.route_labels, vec![("zone".to_string(), "eu".to_string())]);
     }
+
+    #[test]
+    fn more_schedules_round_trip_and_a_schedule_flag_replaces_them_all() {
+        let m = Cmd::command().get_matches_from([
+            "x",
+            "j",
+            "--cron",
+            "0 * * * *",
+            "--tz",
+            "Europe/Paris",
+            "--also-every",
+            "90s",
+            "--also-cron",
+            "30 * * * *",
+            "--also-cron",
+            "45 * * * *",
+        ]);
+        let a = Cmd::from_arg_matches(&m).unwrap().spec;
+        let s = with_defaults(spec(&a).unwrap());
+        let kinds: Vec<_> = s.also_schedules.iter().map(|s| s.kind.clone()).collect();
+        let cron = |expr: &str| {
+            Some(pb::schedule::Kind::Cron(pb::Cron {
+                expr: expr.into(),
+                tz: "Europe/Paris".into(),
+                dialect: "unix".into(),
+            }))
+        };
+        let every = Some(pb::schedule::Kind::EveryMs(90_000));
+        assert_eq!(kinds, vec![cron("30 * * * *"), cron("45 * * * *"), every]);
+        assert_eq!(with_defaults(spec(&args_of(&s)).unwrap()), s);
+        // An apply file lists them the same way.
+        let file: SpecArgs = toml::from_str(
+            "id = \"j\"\nevery = \"1m\"\nalso_cron = [\"30 * * * *\"]\nalso_every = [\"90s\"]",
+        )
+        .unwrap();
+        assert_eq!(spec(&file).unwrap().also_schedules.len(), 2);
+        let p = patch(&["x", "j", "--also-every", "1h"]);
+        assert_eq!(
+            (p.cron, p.also_cron, p.also_every),
+            (None, vec![], vec!["1h".into()])
+        );
+    }
 }
