@@ -33,6 +33,7 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         max_concurrent: None,
         jitter: None,
         catch_up_max: None,
+        also: Vec::new(),
     }
 }
 

@@ -154,9 +154,8 @@ pub fn run_state(v: i32) -> String {
         .map_or_else(|_| v.to_string(), |s| short(s.as_str_name(), "RUN_STATE_"))
 }
 
-pub fn job(j: &pb::Job) -> Json {
-    let s = j.spec.clone().unwrap_or_default();
-    let schedule = match s.schedule.and_then(|s| s.kind) {
+fn schedule(s: Option<pb::Schedule>) -> Json {
+    match s.and_then(|s| s.kind) {
         Some(pb::schedule::Kind::Cron(c)) => obj([
             ("cron", c.expr.into()),
             ("tz", c.tz.into()),
@@ -167,7 +166,12 @@ pub fn job(j: &pb::Job) -> Json {
         Some(pb::schedule::Kind::AfterMs(ms)) => obj([("after_ms", ms.into())]),
         Some(pb::schedule::Kind::UpstreamOnly(_)) => obj([("upstream_only", true.into())]),
         None => Json::Null,
-    };
+    }
+}
+
+pub fn job(j: &pb::Job) -> Json {
+    let s = j.spec.clone().unwrap_or_default();
+    let also = s.also_schedules.into_iter().map(|a| schedule(Some(a)));
     let misfire = pb::MisfirePolicy::try_from(s.misfire).map_or_else(
         |_| s.misfire.to_string(),
         |p| short(p.as_str_name(), "MISFIRE_POLICY_"),
@@ -183,7 +187,8 @@ pub fn job(j: &pb::Job) -> Json {
     obj([
         ("id", s.id.into()),
         ("group", s.group.into()),
-        ("schedule", schedule),
+        ("schedule", schedule(s.schedule)),
+        ("also_schedules", Json::Arr(also.collect())),
         ("paused", j.paused.into()),
         ("state", (&j.state).into()),
         ("fired_count", j.fired_count.into()),

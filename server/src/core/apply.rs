@@ -652,7 +652,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         let mut job = Job {
             id: spec.id.clone(),
-            schedule: spec.schedule.resolve(self.now),
+            schedule: spec.resolve_schedule(self.now),
             group: spec.group.clone(),
             payload: spec.payload.clone(),
             policy: spec.policy.clone(),
@@ -691,7 +691,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn update_job(&mut self, spec: &JobSpec, expected: u64) -> Result<Job, CommandError> {
         let mut job = self.job(&spec.id)?;
         // An unchanged schedule is not re-validated: a past `at` stays acceptable.
-        validate::job_spec_with(spec, self.now, !spec.schedule.matches(&job.schedule))?;
+        validate::job_spec_with(spec, self.now, !spec.schedule_matches(&job.schedule))?;
         if expected != 0 && expected != job.revision {
             return Err(CommandError::RevisionMismatch {
                 id: job.id,
@@ -711,7 +711,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             )));
         }
         self.set_workflow(&mut job, spec.workflow.clone())?;
-        let reschedule = !spec.schedule.matches(&job.schedule) || bounds_changed;
+        let reschedule = !spec.schedule_matches(&job.schedule) || bounds_changed;
         let limits_changed = (job.policy.keep_runs, job.policy.keep_for_ms)
             != (spec.policy.keep_runs, spec.policy.keep_for_ms);
         job.group = spec.group.clone();
@@ -735,8 +735,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         job.revision = job.revision.saturating_add(1);
         job.updated_at_ms = self.now;
         if reschedule {
-            if !spec.schedule.matches(&job.schedule) {
-                job.schedule = spec.schedule.resolve(self.now);
+            if !spec.schedule_matches(&job.schedule) {
+                job.schedule = spec.resolve_schedule(self.now);
             }
             let first = self.first_occurrence(&job, self.now)?;
             self.schedule_next(&mut job, first);

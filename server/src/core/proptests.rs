@@ -377,6 +377,7 @@ fn sane_job_spec() -> impl Strategy<Value = JobSpec> {
                         seed: keep_for_ms ^ backoff_ms,
                     }),
                     catch_up_max: None,
+                    also: Vec::new(),
                 }
             },
         )
@@ -407,6 +408,7 @@ fn wild_job_spec() -> impl Strategy<Value = JobSpec> {
                 max_concurrent: None,
                 jitter,
                 catch_up_max: None,
+                also: Vec::new(),
             }
         },
     )

@@ -119,6 +119,11 @@ pub enum Schedule {
     Quartz { expr: String, tz: String },
     /// No occurrences: the job runs when its upstreams complete a cycle.
     Upstream,
+    /// Several recurring schedules (2 to `limits::SCHEDULES_MAX`, no
+    /// `Once`, `Upstream` or nested union): the occurrences of all of them,
+    /// an instant matched by several counted once. A job record keeps the
+    /// first in its format-8 bytes and the others in its tail.
+    Union(Vec<Schedule>),
 }
 
 /// Why a schedule, a preview request or a duration was rejected. Each message
@@ -216,6 +221,15 @@ impl Schedule {
         Ok(out)
     }
 
+    /// The schedules it is the union of: itself unless a union.
+    #[must_use]
+    pub fn members(&self) -> &[Schedule] {
+        match self {
+            Schedule::Union(members) => members,
+            single => std::slice::from_ref(single),
+        }
+    }
+
     /// True for Once.
     #[must_use]
     pub fn is_one_shot(&self) -> bool {
@@ -228,6 +242,14 @@ impl Schedule {
     /// (several such times merge into that one firing), or the local time
     /// occurs twice and it fires once, at the first. `None` otherwise.
     pub fn dst_note(&self, at_ms: i64) -> Option<String> {
+        if let Schedule::Union(members) = self {
+            // The note of a member whose own occurrence this is.
+            let after = at_ms.checked_sub(1)?;
+            return members
+                .iter()
+                .filter(|m| m.next_after(after) == Ok(Some(at_ms)))
+                .find_map(|m| m.dst_note(at_ms));
+        }
         let Ok(Compiled::Cron(parsed)) = self.compile() else {
             return None;
         };
@@ -287,6 +309,12 @@ impl Schedule {
             }
             Schedule::Once { at_ms } => Ok(Compiled::Once { at_ms: *at_ms }),
             Schedule::Upstream => Ok(Compiled::Never),
+            Schedule::Union(members) => Ok(Compiled::Union(
+                members
+                    .iter()
+                    .map(Schedule::compile)
+                    .collect::<Result<_, _>>()?,
+            )),
         }
     }
 }
@@ -298,6 +326,7 @@ enum Compiled {
     Every { every_ms: u64, anchor_ms: i64 },
     Once { at_ms: i64 },
     Never,
+    Union(Vec<Compiled>),
 }
 
 impl Compiled {
@@ -310,6 +339,16 @@ impl Compiled {
             } => every_next(*every_ms, *anchor_ms, after_ms),
             Compiled::Once { at_ms } => (*at_ms > after_ms).then_some(*at_ms),
             Compiled::Never => None,
+            Compiled::Union(members) => {
+                let mut earliest = None;
+                for m in members {
+                    earliest = match (earliest, m.next_after(after_ms)?) {
+                        (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                earliest
+            }
         };
         // The scheduler relies on strict progress; a violation must surface
         // as an error rather than as a job firing twice or a stuck preview.
@@ -710,6 +749,32 @@ mod tests {
     use super::*;
     use chrono::{NaiveDate, Utc};
     use std::collections::BTreeSet;
+
+    #[test]
+    fn a_union_marks_the_dst_shift_of_its_cron_member_even_at_a_shared_instant() {
+        let utc = |d, h| {
+            Utc.with_ymd_and_hms(2026, 3, d, h, 0, 0)
+                .unwrap()
+                .timestamp_millis()
+        };
+        // The cron's 02:30 shifts to 03:00 EDT = 07:00 UTC on 2026-03-08,
+        // which the hourly schedule (anchored at 12:00 UTC) also matches.
+        let union = Schedule::Union(vec![
+            Schedule::Every {
+                every_ms: 3_600_000,
+                anchor_ms: utc(7, 12),
+            },
+            Schedule::Cron {
+                expr: "30 2 * * *".into(),
+                tz: "America/New_York".into(),
+            },
+        ]);
+        let next = union.preview(utc(8, 5), 3).unwrap();
+        assert_eq!(next, vec![utc(8, 6), utc(8, 7), utc(8, 8)], "07:00 once");
+        let note = union.dst_note(utc(8, 7)).expect("the shifted cron occurrence");
+        assert!(note.contains("does not exist on 2026-03-08"), "{note}");
+        assert_eq!(union.dst_note(utc(8, 8)), None, "the hourly one alone");
+    }
 
     #[test]
     fn dst_notes_mark_occurrences_a_gap_shifts_and_a_repeat_fires_once() {

@@ -26,6 +26,7 @@ fn spec(id: &str, schedule: ScheduleInput) -> JobSpec {
         max_concurrent: None,
         jitter: None,
         catch_up_max: None,
+        also: Vec::new(),
     }
 }
 
@@ -2254,5 +2255,6 @@ fn job_stats_page_through_a_long_history_and_keep_the_latest_lateness() {
 mod backfill;
 mod catch_up;
 mod jitter;
+mod multi_schedules;
 mod schedules;
 mod workflows;

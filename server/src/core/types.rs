@@ -133,6 +133,8 @@ pub mod limits {
     pub const CATCH_UP_DEFAULT: u32 = 100;
     /// The most a job's `catch_up_max` may be.
     pub const CATCH_UP_MAX: u32 = 10_000;
+    /// Schedules one job may carry: its `schedule` and up to 7 in `also`.
+    pub const SCHEDULES_MAX: usize = 8;
 }
 
 /// How the dispatcher picks a worker of the job's group for each attempt.
@@ -390,6 +392,10 @@ pub struct JobSpec {
     /// `None`: `limits::CATCH_UP_DEFAULT`.
     #[serde(skip)]
     pub catch_up_max: Option<u32>,
+    /// More recurring schedules: the job fires at the occurrences of all
+    /// of them, an instant matched by several once.
+    #[serde(skip)]
+    pub also: Vec<ScheduleInput>,
 }
 
 /// What a job spec has beyond log format 2's.
@@ -401,9 +407,39 @@ pub struct SpecExt {
     pub max_concurrent: Option<u32>,
     pub jitter: Option<Jitter>,
     pub catch_up_max: Option<u32>,
+    pub also: Vec<ScheduleInput>,
 }
 
 impl JobSpec {
+    /// The schedule a job with this spec keeps: `schedule` alone, or the
+    /// union of it and `also`.
+    pub fn resolve_schedule(&self, now_ms: i64) -> Schedule {
+        if self.also.is_empty() {
+            return self.schedule.resolve(now_ms);
+        }
+        Schedule::Union(
+            std::iter::once(&self.schedule)
+                .chain(&self.also)
+                .map(|s| s.resolve(now_ms))
+                .collect(),
+        )
+    }
+
+    /// Whether `stored` is what `resolve_schedule` would keep (so an update
+    /// leaves the pending entry alone).
+    pub fn schedule_matches(&self, stored: &Schedule) -> bool {
+        match stored {
+            Schedule::Union(members) => {
+                members.len() == 1 + self.also.len()
+                    && std::iter::once(&self.schedule)
+                        .chain(&self.also)
+                        .zip(members)
+                        .all(|(input, m)| input.matches(m))
+            }
+            single => self.also.is_empty() && self.schedule.matches(single),
+        }
+    }
+
     /// Moves the extension out, leaving what format 1 has.
     pub fn take_ext(&mut self) -> SpecExt {
         SpecExt {
@@ -413,6 +449,7 @@ impl JobSpec {
             max_concurrent: self.max_concurrent.take(),
             jitter: self.jitter.take(),
             catch_up_max: self.catch_up_max.take(),
+            also: std::mem::take(&mut self.also),
         }
     }
 
@@ -425,6 +462,7 @@ impl JobSpec {
             max_concurrent: ext.max_concurrent,
             jitter: ext.jitter,
             catch_up_max: ext.catch_up_max,
+            also: ext.also.clone(),
             ..self.clone()
         }
     }
@@ -468,6 +506,9 @@ impl JobState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: String,
+    /// A union is stored as its first member here and the others in the
+    /// record's tail (`JobExt::also`).
+    #[serde(serialize_with = "first_schedule")]
     pub schedule: Schedule,
     pub group: String,
     pub payload: Vec<u8>,
@@ -530,6 +571,14 @@ pub struct Job {
     pub catch_up_max: Option<u32>,
 }
 
+/// A job's schedule as state format 8 holds it: a union's first member.
+fn first_schedule<S: serde::Serializer>(s: &Schedule, ser: S) -> Result<S::Ok, S::Error> {
+    match s {
+        Schedule::Union(members) if !members.is_empty() => members[0].serialize(ser),
+        single => single.serialize(ser),
+    }
+}
+
 /// A job record's tail: the fields state format 8's record lacks.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct JobExt {
@@ -546,6 +595,8 @@ struct JobExt {
     jitter: Option<Jitter>,
     next_offset_ms: u64,
     catch_up_max: Option<u32>,
+    /// A union schedule's members after the first.
+    also: Vec<Schedule>,
 }
 
 impl Job {
@@ -590,6 +641,10 @@ impl Job {
             jitter: self.jitter,
             next_offset_ms: self.next_offset_ms,
             catch_up_max: self.catch_up_max,
+            also: match &self.schedule {
+                Schedule::Union(members) => members.iter().skip(1).cloned().collect(),
+                _ => Vec::new(),
+            },
         };
         encode_with_tail(self, &ext)
     }
@@ -603,8 +658,12 @@ impl Job {
     /// Reads `to_record`'s bytes (or a format-8 record): the tail, when
     /// present, must decode exactly to its end.
     pub fn from_record(b: &[u8]) -> Result<Job, DecodeError> {
-        let (job, ext) =
+        let (mut job, ext) =
             decode_with_tail::<Job, JobExt>(b, "job record: bytes after its extension")?;
+        if !ext.also.is_empty() {
+            let first = std::mem::replace(&mut job.schedule, Schedule::Upstream);
+            job.schedule = Schedule::Union(std::iter::once(first).chain(ext.also).collect());
+        }
         Ok(Job {
             bounds: ext.bounds,
             labels: ext.labels,

@@ -109,6 +109,7 @@ pub fn job_spec_with(
     }
     if check_schedule {
         schedule(&spec.schedule, now_ms)?;
+        also(spec, now_ms)?;
     }
     policy(&spec.policy)?;
     bounds(&spec.bounds)?;
@@ -122,7 +123,7 @@ pub fn job_spec_with(
         }
     }
     if let Some(j) = spec.jitter {
-        jitter(j, &spec.schedule, now_ms)?;
+        jitter(j, &spec.resolve_schedule(now_ms), now_ms)?;
     }
     if let Some(n) = spec.catch_up_max {
         if n == 0 || n > limits::CATCH_UP_MAX {
@@ -135,12 +136,58 @@ pub fn job_spec_with(
     workflow(&spec.id, &spec.schedule, spec.workflow.as_ref())
 }
 
+/// A job's schedules after the first: at most `SCHEDULES_MAX - 1`, each a
+/// valid recurring schedule (cron, Quartz or `every`) and none a repeat;
+/// the first must then be recurring too (a one-shot or upstream-only job
+/// has one schedule).
+pub fn also(spec: &JobSpec, now_ms: i64) -> Result<(), CommandError> {
+    if spec.also.is_empty() {
+        return Ok(());
+    }
+    if spec.also.len() >= limits::SCHEDULES_MAX {
+        return Err(invalid(format!(
+            "also: at most {} more schedules ({} in all), got {}",
+            limits::SCHEDULES_MAX - 1,
+            limits::SCHEDULES_MAX,
+            spec.also.len()
+        )));
+    }
+    let recurring = |s: &ScheduleInput| {
+        matches!(
+            s,
+            ScheduleInput::Cron { .. } | ScheduleInput::Quartz { .. } | ScheduleInput::Every { .. }
+        )
+    };
+    if !recurring(&spec.schedule) {
+        return Err(invalid(
+            "also: only a cron, Quartz or every schedule may have more schedules \
+             (a one-shot or upstream-only job has one)"
+                .into(),
+        ));
+    }
+    for (i, s) in spec.also.iter().enumerate() {
+        if !recurring(s) {
+            return Err(invalid(format!(
+                "also[{i}]: must be a cron, Quartz or every schedule (a one-shot or \
+                 upstream-only schedule cannot be one of several)"
+            )));
+        }
+        schedule(s, now_ms).map_err(|e| invalid(format!("also[{i}]: {e}")))?;
+        if *s == spec.schedule || spec.also[..i].contains(s) {
+            return Err(invalid(format!(
+                "also[{i}]: repeats another of the job's schedules"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A jitter is 1 ms to `JITTER_MAX_MS`, and shorter than the gap between
-/// consecutive occurrences: the `every` interval, or for cron and Quartz
-/// the smallest gap among the next `JITTER_GAPS_CHECKED` occurrences after
+/// consecutive occurrences: the `every` interval, or for cron, Quartz and
+/// several schedules the smallest gap among the next `JITTER_GAPS_CHECKED` occurrences after
 /// `now_ms`. So an occurrence always fires before the next one's nominal
 /// time, and fire times keep the schedule's order.
-pub fn jitter(j: Jitter, s: &ScheduleInput, now_ms: i64) -> Result<(), CommandError> {
+pub fn jitter(j: Jitter, s: &Schedule, now_ms: i64) -> Result<(), CommandError> {
     if j.ms == 0 || j.ms > limits::JITTER_MAX_MS {
         return Err(invalid(format!(
             "jitter: must be between 1 ms and 1 h ({} ms), got {} ms",
@@ -148,15 +195,15 @@ pub fn jitter(j: Jitter, s: &ScheduleInput, now_ms: i64) -> Result<(), CommandEr
             j.ms
         )));
     }
-    let gap = match s.resolve(now_ms) {
+    let gap = match s {
         Schedule::Upstream => {
             return Err(invalid(
                 "jitter: a job without a schedule of its own has no occurrence to delay".into(),
             ))
         }
         Schedule::Once { .. } => return Ok(()),
-        Schedule::Every { every_ms, .. } => every_ms,
-        cron => smallest_gap(&cron, now_ms)?,
+        Schedule::Every { every_ms, .. } => *every_ms,
+        cron_or_union => smallest_gap(cron_or_union, now_ms)?,
     };
     if j.ms >= gap {
         return Err(invalid(format!(
@@ -168,7 +215,7 @@ pub fn jitter(j: Jitter, s: &ScheduleInput, now_ms: i64) -> Result<(), CommandEr
 }
 
 /// The smallest gap between the next `JITTER_GAPS_CHECKED` occurrences of
-/// a cron schedule (`u64::MAX` when fewer than two remain).
+/// a cron schedule or a union (`u64::MAX` when fewer than two remain).
 fn smallest_gap(s: &Schedule, now_ms: i64) -> Result<u64, CommandError> {
     let next = s
         .preview(now_ms, limits::JITTER_GAPS_CHECKED)
@@ -469,6 +516,7 @@ mod tests {
             max_concurrent: None,
             jitter: None,
             catch_up_max: None,
+            also: Vec::new(),
         }
     }
 

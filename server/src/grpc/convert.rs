@@ -149,6 +149,15 @@ pub fn spec_in(s: Option<pb::JobSpec>) -> Result<JobSpec, Status> {
         // The seed is the leader's to draw (`Api::with_seed`).
         jitter: s.jitter_ms.map(|ms| Jitter { ms, seed: 0 }),
         catch_up_max: s.catch_up_max,
+        also: s
+            .also_schedules
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| {
+                schedule_in(Some(a))
+                    .map_err(|e| invalid(format!("also_schedules[{i}]: {}", e.message())))
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -213,6 +222,8 @@ fn schedule_out(s: &crate::core::Schedule) -> pb::Schedule {
         S::Every { every_ms, .. } => Kind::EveryMs(*every_ms),
         S::Once { at_ms } => Kind::AtMs(*at_ms),
         S::Upstream => Kind::UpstreamOnly(true),
+        // Its members travel one by one (`job_out`).
+        S::Union(members) => return members.first().map_or_else(Default::default, schedule_out),
     };
     pb::Schedule { kind: Some(kind) }
 }
@@ -234,6 +245,13 @@ pub fn job_out(j: &Job) -> pb::Job {
     let spec = pb::JobSpec {
         id: j.id.clone(),
         schedule: Some(schedule_out(&j.schedule)),
+        also_schedules: j
+            .schedule
+            .members()
+            .iter()
+            .skip(1)
+            .map(schedule_out)
+            .collect(),
         group: j.group.clone(),
         payload: j.payload.clone(),
         misfire: misfire as i32,

@@ -1018,6 +1018,7 @@ mod tests {
             max_concurrent: None,
             jitter: None,
             catch_up_max: None,
+            also: Vec::new(),
         };
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),

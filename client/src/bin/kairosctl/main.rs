@@ -798,6 +798,18 @@ fn schedule_text(s: &Option<pb::Schedule>) -> String {
     }
 }
 
+/// All of a job's schedules: "every 2000ms; cron 0 * * * *".
+fn schedules_text(s: &pb::JobSpec) -> String {
+    let also = s
+        .also_schedules
+        .iter()
+        .map(|a| schedule_text(&Some(a.clone())));
+    std::iter::once(schedule_text(&s.schedule))
+        .chain(also)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// A duration in its largest whole unit: 7d, 90m, 1500ms.
 fn ms_text(ms: u64) -> String {
     let units = [
@@ -834,7 +846,7 @@ fn job_json(j: &pb::Job) -> Value {
     let s = j.spec.clone().unwrap_or_default();
     let mut v = json!(spec::args_of(&s));
     let state = json!({
-        "schedule": schedule_text(&s.schedule), "revision": j.revision, "paused": j.paused,
+        "schedule": schedules_text(&s), "revision": j.revision, "paused": j.paused,
         "created_at_ms": j.created_at_ms, "updated_at_ms": j.updated_at_ms, "next_fire_at_ms": j.next_fire_at_ms,
         // In the API's units, as earlier releases printed them.
         "misfire_grace_ms": s.misfire_grace_ms, "timeout_ms": s.timeout_ms, "backoff_ms": s.backoff_ms,
@@ -903,7 +915,7 @@ fn print_job(out: Output, j: &pb::Job) {
     table::print_fields(vec![
         ("id", s.id.clone()),
         ("group", s.group.clone()),
-        ("schedule", schedule_text(&s.schedule)),
+        ("schedule", schedules_text(&s)),
         ("next fire", next_fire_text(j)),
         (
             "jitter",
@@ -1022,7 +1034,7 @@ fn print_jobs(out: Output, jobs: &[pb::Job]) {
             vec![
                 s.id.clone(),
                 s.group.clone(),
-                schedule_text(&s.schedule),
+                schedules_text(&s),
                 j.revision.to_string(),
                 j.state.clone(),
                 keep_text(&s),

@@ -13,7 +13,16 @@ use serde::{Deserialize, Serialize};
 use crate::{duration_ms, label_pair, ms_text, time_text};
 
 /// Fields that together name the schedule: giving one replaces the others.
-const SCHEDULE_FIELDS: [&str; 6] = ["cron", "tz", "dialect", "every", "at", "after"];
+const SCHEDULE_FIELDS: [&str; 8] = [
+    "cron",
+    "tz",
+    "dialect",
+    "every",
+    "at",
+    "after",
+    "also_cron",
+    "also_every",
+];
 
 #[derive(Args, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -44,6 +53,17 @@ pub struct SpecArgs {
     #[arg(long, group = "schedule")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after: Option<String>,
+    /// One more cron schedule (repeatable; up to 7 more schedules in all),
+    /// read in --tz and --dialect (UTC, unix without --cron). The job fires
+    /// at the occurrences of all its schedules; an instant matched by
+    /// several fires once.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub also_cron: Vec<String>,
+    /// One more fixed-rate schedule, e.g. 90s (repeatable, as --also-cron).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub also_every: Vec<String>,
     /// Worker group (required on create).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -201,6 +221,19 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
     } else {
         bail!("schedule: give one of cron, every, at, after (or upstream)");
     };
+    let also_cron = a.also_cron.iter().map(|expr| {
+        Ok(Kind::Cron(pb::Cron {
+            expr: expr.clone(),
+            tz: a.tz.clone().unwrap_or_default(),
+            dialect: a.dialect.clone().unwrap_or_default(),
+        }))
+    });
+    let also_every =
+        (a.also_every.iter()).map(|e| Ok(Kind::EveryMs(duration_ms(e).context("also_every")?)));
+    let also_schedules = also_cron
+        .chain(also_every)
+        .map(|k| k.map(|k| pb::Schedule { kind: Some(k) }))
+        .collect::<anyhow::Result<_>>()?;
     let misfire = match a.misfire.as_deref() {
         None | Some("fire-all") => pb::MisfirePolicy::FireAll,
         Some("fire-once") => pb::MisfirePolicy::FireOnce,
@@ -262,6 +295,7 @@ pub fn spec(a: &SpecArgs) -> anyhow::Result<pb::JobSpec> {
         max_concurrent: a.max_concurrent,
         jitter_ms: Some(opt_ms("jitter", &a.jitter)?).filter(|ms| *ms > 0),
         catch_up_max: a.catch_up_max,
+        also_schedules,
     })
 }
 
@@ -324,6 +358,13 @@ pub fn args_of(s: &pb::JobSpec) -> SpecArgs {
         Some(Kind::AfterMs(ms)) => a.after = Some(ms_text(*ms)),
         Some(Kind::UpstreamOnly(_)) | None => {}
     }
+    for also in s.also_schedules.iter().filter_map(|s| s.kind.as_ref()) {
+        match also {
+            Kind::Cron(c) => a.also_cron.push(c.expr.clone()),
+            Kind::EveryMs(ms) => a.also_every.push(ms_text(*ms)),
+            Kind::AtMs(_) | Kind::AfterMs(_) | Kind::UpstreamOnly(_) => {}
+        }
+    }
     a
 }
 
@@ -371,8 +412,11 @@ pub fn with_defaults(mut s: pb::JobSpec) -> pb::JobSpec {
     or(&mut s.misfire, pb::MisfirePolicy::FireAll as i32);
     or(&mut s.overlap, pb::OverlapPolicy::Allow as i32);
     or(&mut s.route, pb::RoutePolicy::LeastLoaded as i32);
-    if let Some(pb::schedule::Kind::Cron(c)) = s.schedule.as_mut().and_then(|s| s.kind.as_mut()) {
-        or(&mut c.dialect, "unix".to_string());
+    let schedules = s.schedule.iter_mut().chain(s.also_schedules.iter_mut());
+    for kind in schedules.filter_map(|s| s.kind.as_mut()) {
+        if let pb::schedule::Kind::Cron(c) = kind {
+            or(&mut c.dialect, "unix".to_string());
+        }
     }
     s
 }
@@ -453,5 +497,47 @@ mod tests {
         let p = patch(&["x", "j", "--every", "30s"]);
         assert_eq!((p.cron, p.tz, p.every), (None, None, Some("30s".into())));
         assert_eq!(p.route_labels, vec![("zone".to_string(), "eu".to_string())]);
+    }
+
+    #[test]
+    fn more_schedules_round_trip_and_a_schedule_flag_replaces_them_all() {
+        let m = Cmd::command().get_matches_from([
+            "x",
+            "j",
+            "--cron",
+            "0 * * * *",
+            "--tz",
+            "Europe/Paris",
+            "--also-every",
+            "90s",
+            "--also-cron",
+            "30 * * * *",
+            "--also-cron",
+            "45 * * * *",
+        ]);
+        let a = Cmd::from_arg_matches(&m).unwrap().spec;
+        let s = with_defaults(spec(&a).unwrap());
+        let kinds: Vec<_> = s.also_schedules.iter().map(|s| s.kind.clone()).collect();
+        let cron = |expr: &str| {
+            Some(pb::schedule::Kind::Cron(pb::Cron {
+                expr: expr.into(),
+                tz: "Europe/Paris".into(),
+                dialect: "unix".into(),
+            }))
+        };
+        let every = Some(pb::schedule::Kind::EveryMs(90_000));
+        assert_eq!(kinds, vec![cron("30 * * * *"), cron("45 * * * *"), every]);
+        assert_eq!(with_defaults(spec(&args_of(&s)).unwrap()), s);
+        // An apply file lists them the same way.
+        let file: SpecArgs = toml::from_str(
+            "id = \"j\"\nevery = \"1m\"\nalso_cron = [\"30 * * * *\"]\nalso_every = [\"90s\"]",
+        )
+        .unwrap();
+        assert_eq!(spec(&file).unwrap().also_schedules.len(), 2);
+        let p = patch(&["x", "j", "--also-every", "1h"]);
+        assert_eq!(
+            (p.cron, p.also_cron, p.also_every),
+            (None, vec![], vec!["1h".into()])
+        );
     }
 }

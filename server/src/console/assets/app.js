@@ -112,7 +112,7 @@ async function jobsPage(params) {
   const rows = r.jobs.map(j => el("tr", { "data-job": j.id },
     el("td", { class: "mono" }, jobLink(j.id)),
     el("td", {}, j.group),
-    el("td", { class: "mono" }, scheduleText(j.schedule)),
+    el("td", { class: "mono" }, schedulesText(j)),
     el("td", { class: "state state-" + j.state }, j.state),
     el("td", {}, time(j.next_fire_at_ms))));
   const more = r.next_page_token
@@ -120,6 +120,11 @@ async function jobsPage(params) {
     : null;
   return [el("h1", {}, "Jobs"), form, table(["id", "group", "schedule", "state", "next fire (UTC)"], rows),
     r.jobs.length ? null : el("p", { id: "no-jobs" }, "No jobs match."), more];
+}
+
+// A job's schedule and its also_schedules, joined.
+function schedulesText(j) {
+  return [j.schedule].concat(j.also_schedules || []).map(scheduleText).join("; ");
 }
 
 function scheduleText(s) {
@@ -190,7 +195,7 @@ async function jobPage(id) {
   const j = d.job, s = d.stats;
   const back = () => { location.hash = "#/jobs"; };
   const spec = el("dl", { class: "spec", id: "job-spec" });
-  const fields = [["group", j.group], ["schedule", scheduleText(j.schedule)], ["state", j.state + (j.paused && j.pause_note ? " — " + j.pause_note : "")],
+  const fields = [["group", j.group], ["schedule", schedulesText(j)], ["state", j.state + (j.paused && j.pause_note ? " — " + j.pause_note : "")],
     ["revision", j.revision], ["created", time(j.created_at_ms)], ["updated", time(j.updated_at_ms)],
     ["jitter", j.jitter_ms ? j.jitter_ms + " ms (next occurrence +" + j.next_offset_ms + " ms)" : "-"],
     ["misfire", j.misfire + " (grace " + j.misfire_grace_ms + " ms)"], ["timeout", j.timeout_ms + " ms"],
