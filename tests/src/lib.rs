@@ -437,6 +437,18 @@ impl Cluster {
         self.client_of(via).status().await.ok()
     }
 
+    /// Waits until node `via` reports `format` as the cluster's active log
+    /// format (a fresh cluster activates this release's within a second or
+    /// so of electing a leader).
+    pub async fn wait_log_format(&self, via: u64, format: u32) {
+        wait_for(
+            "the log format to become active",
+            Duration::from_secs(30),
+            || async { (self.status_via(via).await?.log_format == format).then_some(()) },
+        )
+        .await;
+    }
+
     /// Waits until every listed node reports the same applied index, and returns the statuses.
     pub async fn wait_converged(&self, via: u64, ids: &[u64]) -> Vec<pb::NodeStatus> {
         wait_for("replicas to converge", Duration::from_secs(60), || async {
@@ -604,6 +616,17 @@ pub async fn create(c: &Client, spec: pb::JobSpec) -> Result<pb::Job, tonic::Sta
         async move { j.create_job(r).await }
     })
     .await
+}
+
+/// Job `id` as the cluster reads it; panics naming the id if it cannot.
+pub async fn get_job(c: &Client, id: &str) -> pb::Job {
+    let r = pb::JobRef { id: id.into() };
+    c.jobs(|mut j| {
+        let r = r.clone();
+        async move { j.get_job(r).await }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("get {id}: {e}"))
 }
 
 /// Checks a fixed-rate job's run history: each scheduled time once, consecutive ones exactly `every_ms` apart.

@@ -12,17 +12,7 @@ use std::time::{Duration, Instant};
 use kairos_client::worker::{Outcome, Task, Worker};
 use kairos_client::{pb, Client};
 use kairos_server::core::keys::STATE_VERSION;
-use kairos_tests::{create, every_job, kairos_bin, wait_for, Cluster};
-
-async fn get_job(c: &Client, id: &str) -> pb::Job {
-    let r = pb::JobRef { id: id.into() };
-    c.jobs(|mut j| {
-        let r = r.clone();
-        async move { j.get_job(r).await }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("get {id}: {e}"))
-}
+use kairos_tests::{create, every_job, get_job, kairos_bin, wait_for, Cluster};
 
 async fn trigger(c: &Client, id: &str) {
     let r = pb::JobRef { id: id.into() };

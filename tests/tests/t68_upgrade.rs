@@ -3,7 +3,9 @@
 //! and this tree's. A 3-node cluster of the previous release runs a 200 ms
 //! interval job; each node in turn is stopped gracefully and started with
 //! the new binary on the same data directory. Every scheduled time fires
-//! exactly once, 200 ms apart, the digests agree, and the cluster's active
+//! exactly once, 200 ms apart, the digests agree, what the previous release
+//! wrote in its own newest format (a job's labels, bounds and pause note:
+//! log entries and record tails) reads back whole, and the cluster's active
 //! log format rises only once every member reads the new one. Going back to
 //! the previous release after that is refused loudly by the old binary
 //! (it stops applying at the first newer entry, naming both formats) and a
@@ -11,18 +13,17 @@
 
 use std::time::Duration;
 
-use kairos_client::pb;
-use kairos_server::core::command::{LOG_FORMAT, LOG_FORMAT_INITIAL};
+use kairos_client::{pb, Client};
+use kairos_server::core::command::LOG_FORMAT;
 use kairos_tests::{
-    add_learner, create, every_job, fires_on_without_gap, previous_release_bin, rejoined,
+    add_learner, create, every_job, fires_on_without_gap, get_job, previous_release_bin, rejoined,
     start_ticking, wait_for, Cluster,
 };
 use tonic::Code;
 
 /// The newest log format the previous release (`deploy/PREVIOUS_RELEASE`)
-/// reads; it reports none, which counts as the initial format. Update with
-/// that file.
-const PREVIOUS_READS: u32 = LOG_FORMAT_INITIAL;
+/// reads, as it reports it. Update with that file.
+const PREVIOUS_READS: u32 = 3;
 
 fn log_of(cluster: &Cluster, id: u64) -> String {
     std::fs::read_to_string(cluster.node(id).data.with_extension("log")).unwrap_or_default()
@@ -52,22 +53,52 @@ async fn formats(cluster: &Cluster, via: u64) -> Option<(u32, Vec<(u64, u32)>)> 
 
 /// Waits until node `via` reports this release's log format active.
 async fn new_format_active(cluster: &Cluster, via: u64) {
-    wait_for(
-        "the new log format to become active",
-        Duration::from_secs(30),
-        || async {
-            let (active, _) = formats(cluster, via).await?;
-            (active == LOG_FORMAT).then_some(())
-        },
-    )
-    .await;
+    cluster.wait_log_format(via, LOG_FORMAT).await;
 }
 
-/// A job with a label (log format 3).
+/// A job with a label and a run limit: the previous release's newest log
+/// format (3), an extension entry and a record tail of its own.
 fn labelled(id: &str) -> pb::JobSpec {
     let mut spec = every_job(id, "g", 60_000);
     spec.job_labels.insert("team".into(), "pay".into());
+    spec.max_runs = Some(1000);
     spec
+}
+
+/// A job with jitter: only this release's log format (4) carries it.
+fn jittered(id: &str) -> pb::JobSpec {
+    let mut spec = every_job(id, "g", 60_000);
+    spec.jitter_ms = Some(5_000);
+    spec
+}
+
+/// Pauses `id` with a note (log format 3).
+async fn pause_noted(c: &Client, id: &str) {
+    let r = pb::PauseJobRequest {
+        id: id.into(),
+        note: format!("{id} paused"),
+    };
+    c.jobs(|mut j| {
+        let r = r.clone();
+        async move { j.pause_job(r).await }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("pause {id}: {e}"));
+}
+
+/// What `labelled` and `pause_noted` wrote, read back.
+async fn assert_labelled_and_paused(c: &Client, id: &str) {
+    let job = get_job(c, id).await;
+    let spec = job.spec.clone().unwrap();
+    assert_eq!(
+        (
+            spec.job_labels.get("team").map(String::as_str),
+            spec.max_runs
+        ),
+        (Some("pay"), Some(1000)),
+        "{job:?}"
+    );
+    assert_eq!(job.pause_note, format!("{id} paused"), "{job:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,6 +107,9 @@ async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once()
     let mut cluster = Cluster::start_each(3, &[], &|n| n.bin = Some(old.clone()));
     cluster.wait_leader().await;
     let c = start_ticking(&cluster).await;
+    // Written by the previous release in its newest format.
+    create(&c, labelled("before")).await.unwrap();
+    pause_noted(&c, "before").await;
 
     // The leader first, as an operator would not know better; then the rest.
     let first = c.status().await.unwrap().leader;
@@ -97,14 +131,20 @@ async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once()
                 };
                 assert_eq!(*r, want, "node {n} reads: {reads:?}");
             }
+            if i == 0 {
+                // Written at the old format by whichever binary leads,
+                // applied by both.
+                create(&c, labelled("mixed")).await.unwrap();
+                pause_noted(&c, "mixed").await;
+            }
         }
     }
     new_format_active(&cluster, first).await;
-    let job = create(&c, labelled("labelled")).await.unwrap();
-    assert_eq!(
-        job.spec.unwrap().job_labels.get("team").map(String::as_str),
-        Some("pay")
-    );
+    for id in ["before", "mixed"] {
+        assert_labelled_and_paused(&c, id).await;
+    }
+    let job = create(&c, jittered("jittered")).await.unwrap();
+    assert_eq!(job.spec.unwrap().jitter_ms, Some(5_000));
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
     let s = c.status().await.unwrap();
     assert!(s.nodes.iter().all(|n| n.refusal.is_empty()), "{s:?}");
@@ -126,7 +166,7 @@ async fn while_a_member_runs_the_previous_release_a_new_leader_refuses_what_it_c
         cluster.start_node(3);
     }
     let c = cluster.client_of(leader);
-    let e = create(&c, labelled("labelled"))
+    let e = create(&c, jittered("jittered"))
         .await
         .expect_err("node 3 could not read it");
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
@@ -134,11 +174,14 @@ async fn while_a_member_runs_the_previous_release_a_new_leader_refuses_what_it_c
         "needs log format {LOG_FORMAT}, but the cluster's active log format is {PREVIOUS_READS}"
     );
     assert!(e.message().contains(&want), "{e:?}");
-    // Nothing was written, and what every format has is still taken.
-    let plain = create(&c, every_job("labelled", "g", 60_000))
+    // Nothing was written, and what the old format has is still taken.
+    let plain = create(&c, every_job("jittered", "g", 60_000))
         .await
         .unwrap();
-    assert!(plain.spec.unwrap().job_labels.is_empty());
+    assert_eq!(plain.spec.unwrap().jitter_ms, None);
+    create(&c, labelled("labelled")).await.unwrap();
+    pause_noted(&c, "labelled").await;
+    assert_labelled_and_paused(&c, "labelled").await;
     let s = c.status().await.unwrap();
     assert_eq!(s.log_format, PREVIOUS_READS, "{s:?}");
 }

@@ -150,7 +150,8 @@ fn command_time(cmd: &Command) -> i64 {
         | Command::CancelBackfill { now_ms, .. } => *now_ms,
         Command::Dedup { command, .. }
         | Command::Authored { command, .. }
-        | Command::SpecExtended { command, .. } => command_time(command),
+        | Command::SpecExtended { command, .. }
+        | Command::SpecExtendedMore { command, .. } => command_time(command),
         // Applied by `apply_batch`, never through a Tx of its own.
         Command::Batch { .. } => i64::MIN,
         // Carries no time: state-machine time stays where it is.
@@ -236,9 +237,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             // A spec decoded from a log entry has no extension of its own;
             // one built in memory (tests, tools) is read the same way.
             Command::CreateJob { .. } | Command::UpdateJob { .. } => {
-                self.put_spec(cmd, &SpecExt::default())
+                self.put_spec(cmd, &SpecExt::default(), &SpecMore::default())
             }
-            Command::SpecExtended { ext, command } => self.put_spec(command, ext),
+            Command::SpecExtended { ext, command } => {
+                self.put_spec(command, ext, &SpecMore::default())
+            }
+            Command::SpecExtendedMore { ext, more, command } => self.put_spec(command, ext, more),
             Command::DeleteJob { id, .. } => self.delete_job(id).map(Response::Deleted),
             Command::PauseJob { id, .. } => self.pause_job(id, "").map(Response::Job),
             Command::PauseJobNoted { id, note, .. } => self.pause_job(id, note).map(Response::Job),
@@ -517,9 +521,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 
     fn job(&self, id: &str) -> Result<Job, CommandError> {
+        // A record that does not decode means the store is corrupt (or a
+        // format slip): stop here rather than diverge by calling it absent.
         self.o
             .get(&keys::job(id))
-            .and_then(|b| Job::from_record(&b).ok())
+            .map(|b| {
+                Job::from_record(&b)
+                    .unwrap_or_else(|e| panic!("corrupt replicated job {id:?}: {e}"))
+            })
             .ok_or_else(|| CommandError::NotFound(id.to_string()))
     }
 
@@ -621,15 +630,21 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     // ------------------------------------------------------------ job commands
 
-    /// A `CreateJob` or `UpdateJob` whose spec has `ext` as its extension.
-    fn put_spec(&mut self, cmd: &Command, ext: &SpecExt) -> Result<Response, CommandError> {
+    /// A `CreateJob` or `UpdateJob` whose spec has `ext` and `more` as its
+    /// extensions.
+    fn put_spec(
+        &mut self,
+        cmd: &Command,
+        ext: &SpecExt,
+        more: &SpecMore,
+    ) -> Result<Response, CommandError> {
         match cmd {
-            Command::CreateJob { spec, .. } => self.create_job(&spec.with_ext(ext)),
+            Command::CreateJob { spec, .. } => self.create_job(&spec.with_ext(ext, more)),
             Command::UpdateJob {
                 spec,
                 expected_revision,
                 ..
-            } => self.update_job(&spec.with_ext(ext), *expected_revision),
+            } => self.update_job(&spec.with_ext(ext, more), *expected_revision),
             _ => Err(CommandError::Invalid(
                 "command: an extended spec wraps one job create or update".into(),
             )),
@@ -1071,12 +1086,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 
     /// The job's own cap, else the default once the cluster writes log
-    /// format 3: a member of an older release runs every missed
+    /// format 4: a member of an older release runs every missed
     /// occurrence, and replicas must decide alike.
     fn catch_up_cap(&self, job: &Job) -> Option<u32> {
-        let format_3 = query::log_format(&self.o) >= 3;
+        let format_4 = query::log_format(&self.o) >= 4;
         job.catch_up_max
-            .or(format_3.then_some(limits::CATCH_UP_DEFAULT))
+            .or(format_4.then_some(limits::CATCH_UP_DEFAULT))
     }
 
     /// Only the run's current retry entry starts the next attempt; an entry
@@ -1958,10 +1973,13 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let Some(mut run) = self.live_attempt(&r.run, r.attempt)? else {
             return Ok(());
         };
-        if run.state == RunState::Pending {
+        if run.state == RunState::Pending && query::log_format(&self.o) >= 4 {
             // A fast worker's finish can commit before the leader's batched
             // Assign (which then finds the run ended and does nothing): the
-            // finish is what shows the attempt was handed out.
+            // finish is what shows the attempt was handed out. From log
+            // format 4: watch events are numbered by their place among an
+            // entry's effects, and a stream resumed on a member of an
+            // older release must find the same numbering.
             self.effects.push(Effect::Assigned {
                 run: run.id.clone(),
                 attempt: run.attempt,

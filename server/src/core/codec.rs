@@ -49,9 +49,28 @@ pub fn encode_with_tail<T: Serialize, E: Serialize + Default + PartialEq>(
     head: &T,
     tail: &E,
 ) -> Vec<u8> {
+    encode_with_tails(head, tail, &())
+}
+
+/// A record with two tails, each from a later format than the one before
+/// it: `tail` is written when either is set, `more` only when it is set.
+/// So a record that uses nothing of `more`'s format is byte for byte what
+/// the format before wrote (and reads there), and bincode, which is not
+/// self-describing, never meets a field a reader does not know: a newer
+/// format's fields go in a new tail, never appended to an older one.
+pub fn encode_with_tails<T, E, M>(head: &T, tail: &E, more: &M) -> Vec<u8>
+where
+    T: Serialize,
+    E: Serialize + Default + PartialEq,
+    M: Serialize + Default + PartialEq,
+{
     let mut out = encode(head);
-    if *tail != E::default() {
+    let more_set = *more != M::default();
+    if more_set || *tail != E::default() {
         out.extend(encode(tail));
+    }
+    if more_set {
+        out.extend(encode(more));
     }
     out
 }
@@ -62,15 +81,52 @@ pub fn decode_with_tail<T: DeserializeOwned, E: DeserializeOwned + Default>(
     b: &[u8],
     what: &'static str,
 ) -> Result<(T, E), bincode::error::DecodeError> {
-    let (head, used) = decode_prefix::<T>(b)?;
-    if used == b.len() {
-        return Ok((head, E::default()));
+    let (head, tail, ()) = decode_with_tails(b, what)?;
+    Ok((head, tail))
+}
+
+/// Reads `encode_with_tails`'s bytes, or a record of an older format with
+/// fewer tails (their fields default); what is there must decode exactly
+/// to the end.
+pub fn decode_with_tails<T, E, M>(
+    b: &[u8],
+    what: &'static str,
+) -> Result<(T, E, M), bincode::error::DecodeError>
+where
+    T: DeserializeOwned,
+    E: DeserializeOwned + Default,
+    M: DeserializeOwned + Default,
+{
+    let (head, mut used) = decode_prefix::<T>(b)?;
+    let mut tail = E::default();
+    let mut more = M::default();
+    if used < b.len() {
+        let (t, n) = decode_prefix::<E>(&b[used..])?;
+        (tail, used) = (t, used + n);
     }
-    let (tail, tail_used) = decode_prefix::<E>(&b[used..])?;
-    if used + tail_used != b.len() {
+    if used < b.len() {
+        let (m, n) = decode_prefix::<M>(&b[used..])?;
+        (more, used) = (m, used + n);
+    }
+    if used != b.len() {
         return Err(bincode::error::DecodeError::Other(what));
     }
-    Ok((head, tail))
+    Ok((head, tail, more))
+}
+
+/// How many tails a stored record has after its `T` head and its first
+/// tail `E`: 0, 1 or 2 (a record that does not decode counts as 0).
+pub fn tails<T: DeserializeOwned, E: DeserializeOwned>(b: &[u8]) -> usize {
+    let Ok((_, used)) = decode_prefix::<T>(b) else {
+        return 0;
+    };
+    if used == b.len() {
+        return 0;
+    }
+    match decode_prefix::<E>(&b[used..]) {
+        Ok((_, n)) if used + n < b.len() => 2,
+        _ => 1,
+    }
 }
 
 /// Whether a stored record has bytes after its `T` head (a tail).

@@ -14,7 +14,7 @@ use super::codec::{check_format, decode, encode, FormatError};
 use super::keys;
 use super::types::{
     BackfillOverlap, EntryKind, Job, JobSpec, Overlap, PauseNote, Run, RunId, ScheduleInput,
-    SpecExt, Token, WheelKey,
+    SpecExt, SpecMore, Token, WheelKey,
 };
 
 /// The newest log format this binary reads and can write. A leader writes
@@ -24,13 +24,18 @@ use super::types::{
 /// Quartz schedules); what a node that does not report its format reads.
 /// 2: the `ActivateLogFormat` command.
 /// 3: job bounds and labels (`SpecExtended`), pause notes (`PauseJobNoted`),
-/// the cluster firing switch (`PauseFiring`, `ResumeFiring`), backfills
-/// (`StartBackfill`, `CancelBackfill`, `Backfill` wheel keys in `Fire`), and
-/// overlap `replace` waiting for the runs it replaces. bincode is not
-/// self-describing: what older formats lack travels in appended variants,
-/// never in fields added to existing ones, so format 1 and 2 entries keep
-/// decoding as they were written.
-pub const LOG_FORMAT: u32 = 3;
+/// the cluster firing switch (`PauseFiring`, `ResumeFiring`), workflows,
+/// `buffer-all`, and job and run records with their first tail.
+/// 4: jitter, the fire-all catch-up cap and several schedules per job
+/// (`SpecExtendedMore`), backfills (`StartBackfill`, `CancelBackfill`,
+/// `Backfill` wheel keys in `Fire`, the run's backfill mark), overlap
+/// `replace` waiting for the runs it replaces, and job records' second
+/// tail and run records' tail. bincode is not self-describing: what older
+/// formats lack travels in appended variants, never in fields added to
+/// existing ones (nor to a struct an existing variant holds, such as
+/// `SpecExt`), so entries of every older format keep decoding as they
+/// were written.
+pub const LOG_FORMAT: u32 = 4;
 /// The oldest log format this binary decodes.
 pub const LOG_FORMAT_OLDEST: u32 = 1;
 /// The format of a cluster that never activated one, and the newest format
@@ -269,18 +274,32 @@ pub enum Command {
         id: String,
         now_ms: i64,
     },
+    /// `SpecExtended` with what a format 3 spec cannot carry either: `more`
+    /// (jitter, catch-up cap, more schedules) replaces the inner spec's.
+    SpecExtendedMore {
+        ext: SpecExt,
+        more: SpecMore,
+        command: Box<Command>,
+    },
 }
 
-/// A restored key-value pair only format-3 readers take: a workflow index
-/// or input key, a run's backfill mark, a backfill step entry, or a job or
-/// run record with an extension tail.
-fn restored_needs_format_3(k: &[u8], v: &[u8]) -> bool {
+/// The oldest log format whose readers take a restored key-value pair:
+/// 3 for a workflow index or input key and a job record with its first
+/// tail; 4 for a run's backfill mark, a backfill step entry, a jittered
+/// occurrence entry (it fires after its nominal time), a job record with
+/// its second tail and a run record with a tail.
+fn restored_format(k: &[u8], v: &[u8]) -> u32 {
+    let newer_entry = |w: WheelKey| {
+        w.kind == EntryKind::Backfill
+            || (w.kind == EntryKind::Occurrence && w.fire_at_ms != w.scheduled_at_ms)
+    };
     match k.first() {
-        Some(&keys::DOWNSTREAM | &keys::RUN_INPUTS | &keys::RUN_BACKFILL) => true,
-        Some(&keys::JOB) => Job::record_has_tail(v),
-        Some(&keys::WHEEL) => keys::wheel_from(k).is_some_and(|w| w.kind == EntryKind::Backfill),
-        Some(&keys::RUN) => Run::record_has_tail(v),
-        _ => false,
+        Some(&keys::DOWNSTREAM | &keys::RUN_INPUTS) => 3,
+        Some(&keys::RUN_BACKFILL) => 4,
+        Some(&keys::JOB) => Job::record_format(v),
+        Some(&keys::WHEEL) if keys::wheel_from(k).is_some_and(newer_entry) => 4,
+        Some(&keys::RUN) if Run::record_has_tail(v) => 4,
+        _ => LOG_FORMAT_INITIAL,
     }
 }
 
@@ -295,20 +314,21 @@ impl Command {
             {
                 3
             }
-            // Pairs of a backup taken after format 3: what older members
-            // would refuse or misread.
-            Command::RestorePairs { pairs, .. }
-                if pairs.iter().any(|(k, v)| restored_needs_format_3(k, v)) =>
-            {
-                3
-            }
-            Command::Fire { keys, .. } if keys.iter().any(|k| k.kind == EntryKind::Backfill) => 3,
+            // Pairs of a backup taken after format 3 or 4: what older
+            // members would refuse or misread.
+            Command::RestorePairs { pairs, .. } => pairs
+                .iter()
+                .map(|(k, v)| restored_format(k, v))
+                .max()
+                .unwrap_or(LOG_FORMAT_INITIAL),
+            Command::Fire { keys, .. } if keys.iter().any(|k| k.kind == EntryKind::Backfill) => 4,
             Command::SpecExtended { .. }
             | Command::PauseJobNoted { .. }
             | Command::PauseFiring { .. }
-            | Command::ResumeFiring { .. }
+            | Command::ResumeFiring { .. } => 3,
+            Command::SpecExtendedMore { .. }
             | Command::StartBackfill { .. }
-            | Command::CancelBackfill { .. } => 3,
+            | Command::CancelBackfill { .. } => 4,
             Command::Dedup { command, .. } | Command::Authored { command, .. } => {
                 command.min_format()
             }
@@ -324,13 +344,16 @@ impl Command {
     /// Creates `spec`: in the plain variant every format has when the spec
     /// uses nothing newer, else wrapped with its extension.
     pub fn create_job(mut spec: JobSpec, now_ms: i64) -> Command {
-        Self::extended(spec.take_ext(), Command::CreateJob { spec, now_ms })
+        let (ext, more) = spec.take_ext();
+        Self::extended(ext, more, Command::CreateJob { spec, now_ms })
     }
 
     /// Updates to `spec` (`expected_revision` 0 skips the compare-and-set), as `create_job`.
     pub fn update_job(mut spec: JobSpec, expected_revision: u64, now_ms: i64) -> Command {
+        let (ext, more) = spec.take_ext();
         Self::extended(
-            spec.take_ext(),
+            ext,
+            more,
             Command::UpdateJob {
                 spec,
                 expected_revision,
@@ -339,14 +362,15 @@ impl Command {
         )
     }
 
-    fn extended(ext: SpecExt, command: Command) -> Command {
-        if ext == SpecExt::default() {
-            command
+    /// Wraps `command` in the oldest variant that carries `ext` and `more`.
+    fn extended(ext: SpecExt, more: SpecMore, command: Command) -> Command {
+        let command = Box::new(command);
+        if more != SpecMore::default() {
+            Command::SpecExtendedMore { ext, more, command }
+        } else if ext != SpecExt::default() {
+            Command::SpecExtended { ext, command }
         } else {
-            Command::SpecExtended {
-                ext,
-                command: Box::new(command),
-            }
+            *command
         }
     }
 

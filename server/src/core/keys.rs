@@ -29,7 +29,7 @@ pub const DOWNSTREAM: u8 = b'u';
 /// (log format 3).
 pub const RUN_INPUTS: u8 = b'i';
 /// The backfill range a run was created by, by the run's shard-0 id (log
-/// format 3). Kept apart from the run record, whose encoding is format 8's.
+/// format 4). Kept apart from the run record, whose encoding is format 8's.
 pub const RUN_BACKFILL: u8 = b'b';
 /// Present while a restore from a backup is being applied.
 pub const META_RESTORE: &[u8] = b"mrestore_in_progress";
@@ -85,10 +85,13 @@ pub const META_TZDATA: &[u8] = b"mtzdata";
 /// Quartz cron schedules, appended to the schedule enums.
 /// Since log format 3 (still state format 8), a job record may end with an
 /// extension (bounds, labels, fired count, finished time, pause note:
-/// `Job::to_record`) and `mfiring_paused` may be set; backfills add wheel
-/// entries of kind 3 and the `b` key space. Only format-3
-/// commands write them, and the cluster activates format 3 only once every
-/// member reads it, so a binary that would not read them never meets them.
+/// `Job::to_record`) and `mfiring_paused` may be set. Since log format 4,
+/// a job record may have a second tail (jitter, catch-up cap, backfill,
+/// more schedules) and a run record a tail (its jitter offset); backfills
+/// add wheel entries of kind 3 and the `b` key space. Only commands of
+/// that format write them, and the cluster activates a format only once
+/// every member reads it, so a binary that would not read them never
+/// meets them.
 pub const STATE_VERSION: u32 = 8;
 /// The oldest state format this binary reads. Older data directories and
 /// snapshot files are refused, naming both versions: there is no in-place

@@ -796,7 +796,7 @@ fn check_history(ops: Vec<Op>, reached: &mut Reached) -> Result<(), TestCaseErro
 }
 
 /// Histories of backfills over sane jobs: fires (their steps among the
-/// due keys), assignments and finishes in between, in format 3 or not, and now and then one with arbitrary
+/// due keys), assignments and finishes in between, in format 4 or not, and now and then one with arbitrary
 /// times (which may move state time out of the others' reach). Kept apart from
 /// `op()`, whose fixed-seed depth thresholds any new arm reshuffles.
 fn backfill_op() -> impl Strategy<Value = Op> {
@@ -851,8 +851,8 @@ fn backfill_op() -> impl Strategy<Value = Op> {
         4 => ((120_000i64..1_000_000).prop_map(|d| T0 + d), widths())
             .prop_map(|(now_ms, widths)| Op::FireDue { now_ms, widths }),
         3 => finish,
-        // Format 3 makes overlap `replace` wait for assigned runs to stop.
-        1 => Just(Op::Raw(Command::ActivateLogFormat { format: 3 })),
+        // Format 4 makes overlap `replace` wait for assigned runs to stop.
+        1 => Just(Op::Raw(Command::ActivateLogFormat { format: 4 })),
         2 => (later_again(), any::<usize>()).prop_map(|(now_ms, pick)| Op::AssignActive {
             now_ms,
             pick,

@@ -771,7 +771,9 @@ mod tests {
         ]);
         let next = union.preview(utc(8, 5), 3).unwrap();
         assert_eq!(next, vec![utc(8, 6), utc(8, 7), utc(8, 8)], "07:00 once");
-        let note = union.dst_note(utc(8, 7)).expect("the shifted cron occurrence");
+        let note = union
+            .dst_note(utc(8, 7))
+            .expect("the shifted cron occurrence");
         assert!(note.contains("does not exist on 2026-03-08"), "{note}");
         assert_eq!(union.dst_note(utc(8, 8)), None, "the hourly one alone");
     }

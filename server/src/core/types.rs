@@ -6,7 +6,9 @@
 use bincode::error::DecodeError;
 use serde::{Deserialize, Serialize};
 
-use super::codec::{decode_with_tail, encode_with_tail, has_tail};
+use super::codec::{
+    decode_with_tail, decode_with_tails, encode_with_tail, encode_with_tails, has_tail, tails,
+};
 pub use super::workflow::{Cycle, OnUpstreamFailure, Seen, TriggerRule, Workflow};
 
 pub use super::backfill::{Backfill, BackfillOverlap};
@@ -128,7 +130,7 @@ pub mod limits {
     pub const JITTER_GAPS_CHECKED: usize = 64;
     /// Missed occurrences a late `fire-all` job runs after an outage unless
     /// its `catch_up_max` says otherwise; older ones are recorded skipped.
-    /// Applies once the cluster writes log format 3 (before that, every
+    /// Applies once the cluster writes log format 4 (before that, every
     /// member must decide as older releases do: all of them run).
     pub const CATCH_UP_DEFAULT: u32 = 100;
     /// The most a job's `catch_up_max` may be.
@@ -365,8 +367,9 @@ impl Jitter {
 pub type Labels = std::collections::BTreeMap<String, String>;
 
 /// What a client submits to create or update a job. Encoded (in log
-/// entries) without `bounds` and `labels`, as log formats 1 and 2 have it:
-/// those travel in `Command::SpecExtended` (format 3).
+/// entries) as log formats 1 and 2 have it: what format 3 added travels in
+/// `Command::SpecExtended` (`SpecExt`), what format 4 added in
+/// `Command::SpecExtendedMore` (`SpecMore`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     pub id: String,
@@ -398,13 +401,19 @@ pub struct JobSpec {
     pub also: Vec<ScheduleInput>,
 }
 
-/// What a job spec has beyond log format 2's.
+/// What a job spec has beyond log format 2's: log format 3's encoding,
+/// which must never change (entries of that format hold it).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecExt {
     pub bounds: Bounds,
     pub labels: Labels,
     pub workflow: Option<Workflow>,
     pub max_concurrent: Option<u32>,
+}
+
+/// What a job spec has beyond log format 3's (format 4).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecMore {
     pub jitter: Option<Jitter>,
     pub catch_up_max: Option<u32>,
     pub also: Vec<ScheduleInput>,
@@ -440,29 +449,32 @@ impl JobSpec {
         }
     }
 
-    /// Moves the extension out, leaving what format 1 has.
-    pub fn take_ext(&mut self) -> SpecExt {
-        SpecExt {
+    /// Moves the extensions out, leaving what format 1 has.
+    pub fn take_ext(&mut self) -> (SpecExt, SpecMore) {
+        let ext = SpecExt {
             bounds: std::mem::take(&mut self.bounds),
             labels: std::mem::take(&mut self.labels),
             workflow: self.workflow.take(),
             max_concurrent: self.max_concurrent.take(),
+        };
+        let more = SpecMore {
             jitter: self.jitter.take(),
             catch_up_max: self.catch_up_max.take(),
             also: std::mem::take(&mut self.also),
-        }
+        };
+        (ext, more)
     }
 
-    /// This spec with `ext` in place of its own.
-    pub fn with_ext(&self, ext: &SpecExt) -> JobSpec {
+    /// This spec with `ext` and `more` in place of its own.
+    pub fn with_ext(&self, ext: &SpecExt, more: &SpecMore) -> JobSpec {
         JobSpec {
             bounds: ext.bounds.clone(),
             labels: ext.labels.clone(),
             workflow: ext.workflow.clone(),
             max_concurrent: ext.max_concurrent,
-            jitter: ext.jitter,
-            catch_up_max: ext.catch_up_max,
-            also: ext.also.clone(),
+            jitter: more.jitter,
+            catch_up_max: more.catch_up_max,
+            also: more.also.clone(),
             ..self.clone()
         }
     }
@@ -579,7 +591,9 @@ fn first_schedule<S: serde::Serializer>(s: &Schedule, ser: S) -> Result<S::Ok, S
     }
 }
 
-/// A job record's tail: the fields state format 8's record lacks.
+/// A job record's tail: the fields state format 8's record lacks, as log
+/// format 3's releases write them. Never extended: what is newer goes in
+/// `JobMore`, a second tail.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct JobExt {
     bounds: Bounds,
@@ -591,6 +605,12 @@ struct JobExt {
     cycle: Cycle,
     max_concurrent: Option<u32>,
     queued: Vec<i64>,
+}
+
+/// A job record's second tail: what log format 4 added (written only when
+/// set, so a record without any of it reads on format-3 releases).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct JobMore {
     backfill: Option<Backfill>,
     jitter: Option<Jitter>,
     next_offset_ms: u64,
@@ -600,11 +620,10 @@ struct JobExt {
 }
 
 impl Job {
-    /// Runs active at once before an occurrence meets the overlap policy.
     /// Whether `replace` waits for the runs it cancels to stop: since log
-    /// format 3, so every member of a cluster decides it the same way.
+    /// format 4, so every member of a cluster decides it the same way.
     pub fn replace_waits(log_format: u32) -> bool {
-        log_format >= 3
+        log_format >= 4
     }
 
     /// Whether the job's active runs are being replaced (under the
@@ -616,6 +635,7 @@ impl Job {
             && Job::replace_waits(log_format)
     }
 
+    /// Runs active at once before an occurrence meets the overlap policy.
     pub fn capacity(&self) -> u32 {
         match (self.max_concurrent, self.policy.overlap) {
             (Some(n), _) => n,
@@ -637,6 +657,8 @@ impl Job {
             cycle: self.cycle.clone(),
             max_concurrent: self.max_concurrent,
             queued: self.queued.clone(),
+        };
+        let more = JobMore {
             backfill: self.backfill.clone(),
             jitter: self.jitter,
             next_offset_ms: self.next_offset_ms,
@@ -646,23 +668,33 @@ impl Job {
                 _ => Vec::new(),
             },
         };
-        encode_with_tail(self, &ext)
+        encode_with_tails(self, &ext, &more)
     }
 
-    /// Whether a stored record has the extension tail (bytes after the
+    /// Whether a stored record has an extension tail (bytes after the
     /// format-8 record).
     pub fn record_has_tail(b: &[u8]) -> bool {
         has_tail::<Job>(b)
     }
 
+    /// The oldest log format whose releases read a stored record: 1 for
+    /// state format 8's record, 3 with the first tail, 4 with the second.
+    pub fn record_format(b: &[u8]) -> u32 {
+        match tails::<Job, JobExt>(b) {
+            0 => 1,
+            1 => 3,
+            _ => 4,
+        }
+    }
+
     /// Reads `to_record`'s bytes (or a format-8 record): the tail, when
     /// present, must decode exactly to its end.
     pub fn from_record(b: &[u8]) -> Result<Job, DecodeError> {
-        let (mut job, ext) =
-            decode_with_tail::<Job, JobExt>(b, "job record: bytes after its extension")?;
-        if !ext.also.is_empty() {
+        let (mut job, ext, more) =
+            decode_with_tails::<Job, JobExt, JobMore>(b, "job record: bytes after its extensions")?;
+        if !more.also.is_empty() {
             let first = std::mem::replace(&mut job.schedule, Schedule::Upstream);
-            job.schedule = Schedule::Union(std::iter::once(first).chain(ext.also).collect());
+            job.schedule = Schedule::Union(std::iter::once(first).chain(more.also).collect());
         }
         Ok(Job {
             bounds: ext.bounds,
@@ -674,10 +706,10 @@ impl Job {
             cycle: ext.cycle,
             max_concurrent: ext.max_concurrent,
             queued: ext.queued,
-            jitter: ext.jitter,
-            next_offset_ms: ext.next_offset_ms,
-            catch_up_max: ext.catch_up_max,
-            backfill: ext.backfill,
+            jitter: more.jitter,
+            next_offset_ms: more.next_offset_ms,
+            catch_up_max: more.catch_up_max,
+            backfill: more.backfill,
             ..job
         })
     }
@@ -863,7 +895,7 @@ pub enum EntryKind {
     Occurrence = 1,
     /// The next attempt of a run after its backoff.
     Retry = 2,
-    /// The next step of a job's backfill (log format 3).
+    /// The next step of a job's backfill (log format 4).
     Backfill = 3,
 }
 

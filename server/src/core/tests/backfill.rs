@@ -319,7 +319,7 @@ fn cancel_stops_the_steps_keeps_the_runs_and_a_new_backfill_may_start() {
 }
 
 #[test]
-fn a_paused_jobs_backfill_waits_and_backfills_need_log_format_3() {
+fn a_paused_jobs_backfill_waits_and_backfills_need_log_format_4() {
     let mut sim = sim_with(every("a", 1000));
     let now = T0 + 100_000;
     sim.exec(start(
@@ -355,7 +355,7 @@ fn a_paused_jobs_backfill_waits_and_backfills_need_log_format_3() {
         widths: vec![],
     };
     for cmd in [bf, cancel, fire_step] {
-        assert_eq!(cmd.min_format(), 3, "{cmd:?}");
+        assert_eq!(cmd.min_format(), 4, "{cmd:?}");
     }
     let plain_fire = Command::Fire {
         now_ms: now,

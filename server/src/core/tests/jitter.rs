@@ -76,7 +76,16 @@ fn an_occurrence_fires_at_its_offset_never_before_and_its_run_keeps_the_nominal_
         last: true,
         now_ms: T0,
     };
-    assert_eq!(restore.min_format(), if off > 0 { 3 } else { 1 });
+    assert_eq!(restore.min_format(), if off > 0 { 4 } else { 1 });
+    // So does its pending entry, which fires after its nominal time.
+    let restore = Command::RestorePairs {
+        pairs: vec![(keys::wheel(&next), Vec::new())],
+        first: true,
+        last: true,
+        now_ms: T0,
+    };
+    let next_off = next.fire_at_ms - next.scheduled_at_ms;
+    assert_eq!(restore.min_format(), if next_off > 0 { 4 } else { 1 });
 }
 
 #[test]

@@ -112,13 +112,15 @@ fn a_union_is_stored_as_its_first_schedule_and_a_tail() {
     assert_eq!(job.schedule, two_schedules("a").resolve_schedule(T0));
     let record = job.to_record();
     assert!(Job::record_has_tail(&record));
+    // The other schedules are in the second tail: format 4's.
+    assert_eq!(Job::record_format(&record), 4);
     // What a format-8 reader sees: the first schedule alone.
     let head: Job = bincode::serde::decode_from_slice(&record, bincode::config::standard())
         .unwrap()
         .0;
     assert_eq!(head.schedule, every("a", 2000).schedule.resolve(T0));
     assert_eq!(Job::from_record(&record).unwrap(), job);
-    assert_eq!(Command::create_job(two_schedules("a"), T0).min_format(), 3);
+    assert_eq!(Command::create_job(two_schedules("a"), T0).min_format(), 4);
 }
 
 #[test]

@@ -446,6 +446,94 @@ fn a_job_record_carries_its_extension_as_a_tail_that_must_decode_to_its_end() {
     );
 }
 
+/// The job record tail of log format 3's releases (61b0083), copied here
+/// so a change to the live one cannot pass unnoticed: nine fields.
+#[derive(serde::Serialize)]
+struct JobExtV3<'a> {
+    bounds: &'a Bounds,
+    labels: &'a Labels,
+    fired_count: u64,
+    finished_at_ms: Option<i64>,
+    pause: &'a Option<PauseNote>,
+    workflow: &'a Option<Workflow>,
+    cycle: &'a Cycle,
+    max_concurrent: Option<u32>,
+    queued: &'a Vec<i64>,
+}
+
+#[test]
+fn what_format_3_releases_wrote_reads_back_and_format_4_adds_only_new_tails_and_variants() {
+    // A format-3 entry as that release encoded it: `SpecExtended` (variant
+    // 19) holding the four-field `SpecExt`, then the boxed create.
+    let mut labelled = bounded("a", 1000, max_runs(3));
+    labelled.labels.insert("team".into(), "pay".into());
+    labelled.max_concurrent = Some(2);
+    let mut inner = labelled.clone();
+    let (ext, more) = inner.take_ext();
+    assert_eq!(more, SpecMore::default());
+    let entry = encode(&(
+        19u32,
+        (&ext.bounds, &ext.labels, &ext.workflow, ext.max_concurrent),
+        Command::CreateJob {
+            spec: inner,
+            now_ms: T0,
+        },
+    ));
+    let cmd = Command::create_job(labelled.clone(), T0);
+    assert_eq!(encode(&cmd), entry, "format 3's bytes, unchanged");
+    assert_eq!(cmd.min_format(), 3);
+    let versioned = VersionedCommand {
+        format: 3,
+        bytes: entry,
+    };
+    assert_eq!(versioned.command(1).unwrap(), cmd);
+
+    // Its job record as that release stored it: the state-format-8 head
+    // and the nine-field tail; read back whole.
+    let mut sim = Sim::default();
+    sim.create(labelled, T0);
+    sim.fire_due(T0 + 1000);
+    let job = sim.job("a");
+    let v3 = [
+        as_v8(&job),
+        encode(&JobExtV3 {
+            bounds: &job.bounds,
+            labels: &job.labels,
+            fired_count: job.fired_count,
+            finished_at_ms: job.finished_at_ms,
+            pause: &job.pause,
+            workflow: &job.workflow,
+            cycle: &job.cycle,
+            max_concurrent: job.max_concurrent,
+            queued: &job.queued,
+        }),
+    ]
+    .concat();
+    assert_eq!(sim.view.get(&keys::job("a")).unwrap(), v3);
+    assert_eq!(Job::from_record(&v3).unwrap(), job);
+    assert_eq!(Job::record_format(&v3), 3);
+
+    // What format 4 added travels in a new variant and a second tail,
+    // which format 3's readers refuse rather than misread.
+    let mut jittered = every("j", 60_000);
+    jittered.jitter = Some(Jitter { ms: 500, seed: 7 });
+    let cmd = Command::create_job(jittered.clone(), T0);
+    assert!(matches!(cmd, Command::SpecExtendedMore { .. }), "{cmd:?}");
+    assert_eq!(
+        VersionedCommand::at(&cmd, 3).err(),
+        Some(FormatTooNew {
+            needs: 4,
+            active: 3
+        })
+    );
+    sim.exec(Command::ActivateLogFormat { format: 4 });
+    sim.create(jittered, T0);
+    let record = sim.view.get(&keys::job("j")).unwrap();
+    assert_eq!(Job::record_format(&record), 4);
+    assert!(record.starts_with(&as_v8(&sim.job("j"))));
+    assert_eq!(Job::from_record(&record).unwrap(), sim.job("j"));
+}
+
 #[test]
 fn what_older_log_formats_lack_needs_format_3_and_the_rest_keeps_its_old_encoding() {
     let plain = every("a", 1000);
@@ -536,11 +624,11 @@ fn max_concurrent_with_allow_runs_that_many_at_once_and_records_the_rest_skipped
     assert_eq!(sim.run(&rid("a", T0 + 4000)).state, Pending);
 }
 
-/// A format-3 cluster whose job "a" (every second, overlap `replace`) has
+/// A format-4 cluster whose job "a" (every second, overlap `replace`) has
 /// its run of `T0 + 1000` held by worker w1.
 fn replacing_job() -> Sim {
     let mut sim = Sim::default();
-    sim.exec(Command::ActivateLogFormat { format: 3 });
+    sim.exec(Command::ActivateLogFormat { format: 4 });
     sim.create(concurrent("a", Overlap::Replace, None), T0);
     sim.fire_due(T0 + 1000);
     assign(&mut sim, T0 + 1000, T0 + 1100);
