@@ -99,6 +99,17 @@ pub fn apply<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
     }
 }
 
+/// The id of the job `cmd` creates, if it is a create (extended or not).
+fn created_job(cmd: &Command) -> Option<&str> {
+    match cmd {
+        Command::CreateJob { spec, .. } => Some(&spec.id),
+        Command::SpecExtended { command, .. } | Command::SpecExtendedMore { command, .. } => {
+            created_job(command)
+        }
+        _ => None,
+    }
+}
+
 fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
     let mut tx = Tx {
         o: Overlay::new(view),
@@ -107,6 +118,7 @@ fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
         widths: &[],
         actor: "",
         ended: Vec::new(),
+        create_request: None,
     };
     tx.now = tx.advance_time(command_time(cmd));
     match tx.run(cmd) {
@@ -214,6 +226,9 @@ struct Tx<'a, V: StateView + ?Sized> {
     /// Runs that reached a terminal state in this command, for the
     /// workflows that follow their jobs (`follow_upstreams`).
     ended: Vec<(RunId, RunState)>,
+    /// The request id of the create being applied, kept in the job it
+    /// makes (log format 4; see `dedup`).
+    create_request: Option<&'a str>,
 }
 
 fn get<T: DeserializeOwned, V: StateView + ?Sized>(v: &V, key: &[u8]) -> Option<T> {
@@ -417,7 +432,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Applies `cmd` once per request id: a repeat gets the first response.
     /// Only successes are remembered (a refusal writes nothing, so a retry
     /// is simply judged again).
-    fn dedup(&mut self, id: &str, cmd: &'a Command) -> Result<Response, CommandError> {
+    ///
+    /// From log format 4 a create is remembered in the job it makes
+    /// (`Job::create_request`) rather than in the table, which would cost
+    /// three more keys per create (response, order, an eviction): a repeat
+    /// within `DEDUP_TTL_MS` of the creation gets the job as it is now. The
+    /// table takes the id when such a job is deleted within that time, so
+    /// a late repeat does not make it again.
+    fn dedup(&mut self, id: &'a str, cmd: &'a Command) -> Result<Response, CommandError> {
         validate::request_id(id)?;
         let plain = match cmd {
             Command::Authored { command, .. } => command,
@@ -431,13 +453,34 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if let Some(first) = get::<Response, _>(&self.o, &keys::dedup(id)) {
             return Ok(first);
         }
+        if let Some(job_id) = created_job(plain).filter(|_| query::log_format(&self.o) >= 4) {
+            if let Ok(job) = self.job(job_id) {
+                if self.created_by(&job, id) {
+                    return Ok(Response::Job(job));
+                }
+            }
+            self.create_request = Some(id);
+            return self.run(cmd);
+        }
         let response = self.run(cmd)?;
+        self.remember(id, &response);
+        Ok(response)
+    }
+
+    /// Whether `job` was made by the create with request id `id`, recently
+    /// enough that a repeat of it is still a repeat.
+    fn created_by(&self, job: &Job, id: &str) -> bool {
+        job.create_request.as_deref() == Some(id)
+            && job.created_at_ms >= self.now.saturating_sub(limits::DEDUP_TTL_MS)
+    }
+
+    /// Keeps `response` as the answer to request `id` in the table.
+    fn remember(&mut self, id: &str, response: &Response) {
         self.put(keys::dedup(id), &response.kept());
         self.o.put(keys::dedup_order(self.now, id), Vec::new());
         let count: u64 = get(&self.o, keys::META_DEDUP_COUNT).unwrap_or(0);
         let count = self.evict_dedup(count.saturating_add(1));
         self.put(keys::META_DEDUP_COUNT.to_vec(), &count);
-        Ok(response)
     }
 
     /// Drops the oldest entries while over the count or past the TTL, a
@@ -693,6 +736,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             jitter: spec.jitter,
             next_offset_ms: 0,
             catch_up_max: spec.catch_up_max,
+            create_request: self.create_request.map(str::to_string),
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now)?;
@@ -791,6 +835,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if job.history_len > 0 {
             // Housekeeping removes its runs, a bounded number per command.
             self.o.put(keys::deleted_job(id), Vec::new());
+        }
+        if let Some(request) = job.create_request.clone() {
+            // A create repeated after this must not make the job again.
+            if self.created_by(&job, &request) && self.o.get(&keys::dedup(&request)).is_none() {
+                self.remember(&request, &Response::Job(job.clone()));
+            }
         }
         self.o.delete(keys::job(id));
         self.record_revision(&job, job.revision.saturating_add(1), "delete");

@@ -1737,6 +1737,101 @@ fn remembered_ids_expire_by_age_a_few_per_command() {
     assert!(!state_writes(&a).is_empty());
 }
 
+/// Keys of the request-id table and its order index among `a`'s writes.
+fn table_writes(a: &Applied) -> usize {
+    a.writes
+        .iter()
+        .filter(|w| {
+            let k = match w {
+                Write::Put(k, _) | Write::Delete(k) => k,
+            };
+            k.first() == Some(&keys::DEDUP) || k.first() == Some(&keys::DEDUP_ORDER)
+        })
+        .count()
+}
+
+/// Job "a" created under request id `id`.
+fn created_once(id: &str, now_ms: i64) -> Command {
+    dedup(
+        id,
+        Command::CreateJob {
+            spec: every("a", 3_600_000),
+            now_ms,
+        },
+    )
+}
+
+#[test]
+fn from_log_format_4_a_create_is_remembered_in_its_job_not_in_the_table() {
+    let create = created_once;
+    // Before format 4 (older members): the table, as they keep it.
+    let mut old = Sim::default();
+    let first = old.exec(create("req-1", T0));
+    assert_eq!(table_writes(&first), 2);
+    assert_eq!(old.job("a").create_request, None);
+
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 4 });
+    let first = sim.exec(create("req-1", T0));
+    assert_eq!(table_writes(&first), 0, "{:?}", first.writes);
+    assert!(sim.view.get(keys::META_DEDUP_COUNT).is_none());
+    let job = sim.job("a");
+    assert_eq!(job.create_request.as_deref(), Some("req-1"));
+    assert_eq!(Job::record_format(&job.to_record()), 4);
+    // A repeat gets the job and writes nothing; so does one after a change.
+    let again = sim.exec(create("req-1", T0 + 500));
+    assert_eq!(again.response, Response::Job(job.clone()));
+    assert_eq!(state_writes(&again), Vec::<&Write>::new());
+    sim.exec(Command::pause_job("a".into(), String::new(), T0 + 600));
+    let again = sim.exec(create("req-1", T0 + 700));
+    assert_eq!(again.response, Response::Job(sim.job("a")));
+    assert_eq!(state_writes(&again), Vec::<&Write>::new());
+    // Another request for the same id is refused as before.
+    let other = sim.exec(create("req-2", T0 + 800));
+    assert_eq!(
+        other.response,
+        Response::Error(CommandError::AlreadyExists("a".into()))
+    );
+    // Past the TTL the id is a new request again (and finds the job there).
+    let late = T0 + limits::DEDUP_TTL_MS + 1;
+    let again = sim.exec(create("req-1", late));
+    assert_eq!(
+        again.response,
+        Response::Error(CommandError::AlreadyExists("a".into()))
+    );
+}
+
+#[test]
+fn a_job_deleted_soon_after_its_create_leaves_the_id_in_the_table_so_a_repeat_does_not_make_it_again(
+) {
+    let create = created_once;
+    let delete = |now_ms| Command::DeleteJob {
+        id: "a".into(),
+        now_ms,
+    };
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 4 });
+    sim.exec(create("req-1", T0));
+    let created = sim.job("a");
+    let gone = sim.exec(delete(T0 + 100));
+    assert_eq!(table_writes(&gone), 2);
+    let again = sim.exec(create("req-1", T0 + 200));
+    // The job as the delete left it (no next fire); the table keeps a
+    // response's record head, as it always did.
+    let kept = Job {
+        create_request: None,
+        next_fire_at_ms: None,
+        ..created
+    };
+    assert_eq!(again.response, Response::Job(kept).kept());
+    assert_eq!(state_writes(&again), Vec::<&Write>::new());
+    assert!(sim.view.get(&keys::job("a")).is_none(), "not made again");
+    // A new request makes it again; deleted past the TTL it leaves nothing.
+    sim.exec(create("req-2", T0 + 300));
+    let gone = sim.exec(delete(T0 + 300 + limits::DEDUP_TTL_MS + 1));
+    assert_eq!(table_writes(&gone), 0);
+}
+
 // ------------------------------------------------------------------ job history
 
 fn authored(actor: &str, cmd: Command) -> Command {

@@ -581,6 +581,10 @@ pub struct Job {
     pub next_offset_ms: u64,
     #[serde(skip)]
     pub catch_up_max: Option<u32>,
+    /// The request id of the create that made the job (log format 4): a
+    /// retried create finds it here instead of in the request-id table.
+    #[serde(skip)]
+    pub create_request: Option<String>,
 }
 
 /// A job's schedule as state format 8 holds it: a union's first member.
@@ -617,6 +621,7 @@ struct JobMore {
     catch_up_max: Option<u32>,
     /// A union schedule's members after the first.
     also: Vec<Schedule>,
+    create_request: Option<String>,
 }
 
 impl Job {
@@ -667,6 +672,7 @@ impl Job {
                 Schedule::Union(members) => members.iter().skip(1).cloned().collect(),
                 _ => Vec::new(),
             },
+            create_request: self.create_request.clone(),
         };
         encode_with_tails(self, &ext, &more)
     }
@@ -710,6 +716,7 @@ impl Job {
             next_offset_ms: more.next_offset_ms,
             catch_up_max: more.catch_up_max,
             backfill: more.backfill,
+            create_request: more.create_request,
             ..job
         })
     }
