@@ -29,7 +29,8 @@ use super::types::{
 /// 4: jitter, the fire-all catch-up cap and several schedules per job
 /// (`SpecExtendedMore`), backfills (`StartBackfill`, `CancelBackfill`,
 /// `Backfill` wheel keys in `Fire`, the run's backfill mark), overlap
-/// `replace` waiting for the runs it replaces, and job records' second
+/// `replace` waiting for the runs it replaces, a create's request id kept
+/// in its job instead of the request-id table, and job records' second
 /// tail and run records' tail. bincode is not self-describing: what older
 /// formats lack travels in appended variants, never in fields added to
 /// existing ones (nor to a struct an existing variant holds, such as
