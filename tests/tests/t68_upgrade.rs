@@ -51,11 +51,6 @@ async fn formats(cluster: &Cluster, via: u64) -> Option<(u32, Vec<(u64, u32)>)> 
     Some((s.log_format, reads))
 }
 
-/// Waits until node `via` reports this release's log format active.
-async fn new_format_active(cluster: &Cluster, via: u64) {
-    cluster.wait_log_format(via, LOG_FORMAT).await;
-}
-
 /// A job with a label and a run limit: the previous release's newest log
 /// format (3), an extension entry and a record tail of its own.
 fn labelled(id: &str) -> pb::JobSpec {
@@ -139,7 +134,7 @@ async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once()
             }
         }
     }
-    new_format_active(&cluster, first).await;
+    cluster.wait_log_format(first, LOG_FORMAT).await;
     for id in ["before", "mixed"] {
         assert_labelled_and_paused(&c, id).await;
     }
@@ -191,7 +186,7 @@ async fn after_activation_the_previous_release_refuses_newer_entries_loudly() {
     let old = previous_release_bin();
     let mut cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_leader().await;
-    new_format_active(&cluster, leader).await;
+    cluster.wait_log_format(leader, LOG_FORMAT).await;
 
     // A learner of the previous release is not added.
     let peer4 = cluster.add_joining_node(4);

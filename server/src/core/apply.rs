@@ -455,7 +455,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         if let Some(job_id) = created_job(plain).filter(|_| query::log_format(&self.o) >= 4) {
             if let Ok(job) = self.job(job_id) {
-                if self.created_by(&job, id) {
+                if self.recent_create_request(&job) == Some(id) {
                     return Ok(Response::Job(job));
                 }
             }
@@ -467,11 +467,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         Ok(response)
     }
 
-    /// Whether `job` was made by the create with request id `id`, recently
-    /// enough that a repeat of it is still a repeat.
-    fn created_by(&self, job: &Job, id: &str) -> bool {
-        job.create_request.as_deref() == Some(id)
-            && job.created_at_ms >= self.now.saturating_sub(limits::DEDUP_TTL_MS)
+    /// The request id `job` was created by, while a repeat of that create
+    /// is still a repeat (within `DEDUP_TTL_MS`).
+    fn recent_create_request<'j>(&self, job: &'j Job) -> Option<&'j str> {
+        let recent = job.created_at_ms >= self.now.saturating_sub(limits::DEDUP_TTL_MS);
+        job.create_request.as_deref().filter(|_| recent)
     }
 
     /// Keeps `response` as the answer to request `id` in the table.
@@ -836,9 +836,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             // Housekeeping removes its runs, a bounded number per command.
             self.o.put(keys::deleted_job(id), Vec::new());
         }
-        if let Some(request) = job.create_request.clone() {
-            // A create repeated after this must not make the job again.
-            if self.created_by(&job, &request) && self.o.get(&keys::dedup(&request)).is_none() {
+        // A create repeated after this must not make the job again.
+        if let Some(request) = self.recent_create_request(&job).map(str::to_string) {
+            if self.o.get(&keys::dedup(&request)).is_none() {
                 self.remember(&request, &Response::Job(job.clone()));
             }
         }
