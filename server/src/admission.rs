@@ -41,10 +41,18 @@ pub struct Bounds {
     pub max_backlog_ms: u64,
     /// Longest an admitted command waits in the queue before it is proposed.
     pub max_wait_ms: u64,
+    /// How late the leader's oldest due timer may be, still waiting to be
+    /// proposed: past it the cluster is behind on work it already accepted,
+    /// and new writes (which add more) get only the reserve.
+    pub max_fire_lag_ms: u64,
     /// Client commands admitted whatever the backlog and the adaptive limit
     /// while fewer than this many are in flight: writes keep a share of the
     /// log when committed fires alone keep its backlog past the bounds.
     pub reserve: usize,
+    /// A client batch slower than this from proposal to answer tells the
+    /// leader's firing loop to let less fire work into the log ahead of
+    /// writes (`leader::pace`); 0: fires never yield to writes.
+    pub write_target_ms: u64,
 }
 
 impl Default for Bounds {
@@ -55,7 +63,9 @@ impl Default for Bounds {
             max_backlog: 64,
             max_backlog_ms: 500,
             max_wait_ms: 250,
+            max_fire_lag_ms: 1_000,
             reserve: 16,
+            write_target_ms: 300,
         }
     }
 }
@@ -68,6 +78,8 @@ pub struct Load {
     pub backlog: u64,
     /// Estimated time to apply the backlog.
     pub backlog_ms: u64,
+    /// How long the oldest due timer the leader holds back has been due.
+    pub fire_lag_ms: u64,
 }
 
 /// Which bound a write would pass, and by how much.
@@ -99,6 +111,9 @@ impl Bounds {
             ("admit-max-backlog", self.max_backlog, 1_000_000),
             ("admit-max-backlog-ms", self.max_backlog_ms, 60_000),
             ("admit-max-wait-ms", self.max_wait_ms, 60_000),
+            ("admit-max-fire-lag-ms", self.max_fire_lag_ms, 3_600_000),
+            // 0 is allowed: pacing off.
+            ("admit-write-target-ms", self.write_target_ms.max(1), 60_000),
         ];
         for (flag, got, max) in ranges {
             if !(1..=max).contains(&got) {
@@ -153,6 +168,13 @@ impl Bounds {
         if load.backlog_ms > self.max_backlog_ms {
             let (what, max) = ("ms to apply the log not yet applied", self.max_backlog_ms);
             return refusal(what, load.backlog_ms, max);
+        }
+        if load.fire_lag_ms > self.max_fire_lag_ms {
+            let (what, max) = (
+                "ms the oldest due timer waits to fire",
+                self.max_fire_lag_ms,
+            );
+            return refusal(what, load.fire_lag_ms, max);
         }
         Ok(())
     }
@@ -261,6 +283,24 @@ pub struct Admission {
     pub bounds: Bounds,
     state: Mutex<State>,
     refused: AtomicU64,
+    /// Set by the leader's firing loop (`set_fire_lag`).
+    fire_lag_ms: AtomicU64,
+    /// Client batches answered slower / no slower than `write_target_ms`
+    /// since the firing loop last asked (`take_write_pace`).
+    slow_writes: AtomicU64,
+    fast_writes: AtomicU64,
+}
+
+/// What client writes told the firing loop since it last asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WritePace {
+    /// A client batch took longer than `Bounds::write_target_ms`.
+    Slow,
+    /// Client batches came back in time, or none is in flight (or the
+    /// target is 0: fires never yield).
+    Fast,
+    /// Writes are in flight and none has come back since.
+    Unknown,
 }
 
 struct State {
@@ -276,12 +316,13 @@ struct State {
 }
 
 impl State {
-    fn load(&self, backlog: u64) -> Load {
+    fn load(&self, backlog: u64, fire_lag_ms: u64) -> Load {
         Load {
             commands: self.commands,
             bytes: self.bytes,
             backlog,
             backlog_ms: self.drain.ms,
+            fire_lag_ms,
         }
     }
 }
@@ -305,6 +346,9 @@ impl Admission {
                 limit: bounds.max_commands,
             }),
             refused: AtomicU64::new(0),
+            fire_lag_ms: AtomicU64::new(0),
+            slow_writes: AtomicU64::new(0),
+            fast_writes: AtomicU64::new(0),
         })
     }
 
@@ -320,7 +364,7 @@ impl Admission {
         now_ms: i64,
     ) -> Result<Ticket, Overloaded> {
         let mut st = self.state();
-        let load = st.load(backlog);
+        let load = st.load(backlog, self.fire_lag());
         let bounds = Bounds {
             max_commands: st.limit,
             ..self.bounds
@@ -338,7 +382,7 @@ impl Admission {
     /// command would be refused now. Admits nothing.
     pub fn precheck(&self, backlog: u64, now_ms: i64) -> Result<(), Overloaded> {
         let mut st = self.state();
-        let load = st.load(backlog);
+        let load = st.load(backlog, self.fire_lag());
         match self.bounds.check(load, 0) {
             Ok(()) => Ok(()),
             refused => self.decide(&mut st, refused, now_ms),
@@ -354,7 +398,7 @@ impl Admission {
         let behind = Load {
             commands: st.commands.saturating_sub(1),
             bytes: 0,
-            ..st.load(backlog)
+            ..st.load(backlog, self.fire_lag())
         };
         let res = (self.bounds.check_wait(queued_ms, now_ms)).and(self.bounds.check(behind, 0));
         match res {
@@ -396,6 +440,10 @@ impl Admission {
 
     /// A client batch of `commands` took `took_ms` from proposal to answer.
     pub fn completed(&self, took_ms: u64, commands: usize) {
+        match took_ms > self.bounds.write_target_ms {
+            true => self.slow_writes.fetch_add(1, Ordering::Relaxed),
+            false => self.fast_writes.fetch_add(1, Ordering::Relaxed),
+        };
         let mut st = self.state();
         st.limit = match took_ms > self.bounds.max_backlog_ms {
             true => st.limit / 2,
@@ -418,6 +466,32 @@ impl Admission {
     pub fn load(&self) -> (usize, usize) {
         let st = self.state();
         (st.commands, st.bytes)
+    }
+
+    /// How long the oldest due timer the firing loop holds back has been
+    /// due (0 when it holds none back, while firing is paused, and when
+    /// this node stops leading).
+    pub fn set_fire_lag(&self, ms: u64) {
+        self.fire_lag_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn fire_lag(&self) -> u64 {
+        self.fire_lag_ms.load(Ordering::Relaxed)
+    }
+
+    /// How client batches came back since the last call (see [`WritePace`]).
+    pub fn take_write_pace(&self) -> WritePace {
+        let slow = self.slow_writes.swap(0, Ordering::Relaxed);
+        let fast = self.fast_writes.swap(0, Ordering::Relaxed);
+        if self.bounds.write_target_ms == 0 {
+            return WritePace::Fast;
+        }
+        match (slow, fast) {
+            (1.., _) => WritePace::Slow,
+            (0, 1..) => WritePace::Fast,
+            (0, 0) if self.load().0 == 0 => WritePace::Fast,
+            (0, 0) => WritePace::Unknown,
+        }
     }
 
     /// Client writes refused since start.
@@ -445,7 +519,9 @@ mod tests {
             max_backlog: 10,
             max_backlog_ms: 500,
             max_wait_ms: 400,
+            max_fire_lag_ms: 1_000,
             reserve: 0,
+            write_target_ms: 300,
         }
     }
 
@@ -455,6 +531,7 @@ mod tests {
             bytes,
             backlog,
             backlog_ms: 0,
+            fire_lag_ms: 0,
         }
     }
 
@@ -478,6 +555,37 @@ mod tests {
         };
         let ms = "ms to apply the log not yet applied";
         assert_eq!(b.check(slow, 1), refused(ms, 501, 500));
+        let behind = Load {
+            fire_lag_ms: 1_001,
+            ..load(0, 0, 2)
+        };
+        let lag = "ms the oldest due timer waits to fire";
+        assert_eq!(b.check(behind, 1), refused(lag, 1_001, 1_000));
+        let at_bound = Load {
+            fire_lag_ms: 1_000,
+            ..load(0, 0, 2)
+        };
+        assert_eq!(b.check(at_bound, 1), Ok(()));
+    }
+
+    #[test]
+    fn while_fires_lag_only_the_reserve_gets_in_and_the_rest_come_back_with_it() {
+        let a = Admission::new(
+            Bounds {
+                reserve: 1,
+                ..bounds()
+            },
+            0,
+        );
+        a.set_fire_lag(5_000);
+        let t = a.admit(1, 0, 0).expect("the reserve");
+        let e = a.admit(1, 0, 0).err().unwrap();
+        assert_eq!(e.refusal.what, "ms the oldest due timer waits to fire");
+        assert!(a.precheck(0, 0).is_err());
+        drop(t);
+        a.set_fire_lag(0);
+        let t = [a.admit(1, 0, 0), a.admit(1, 0, 0), a.admit(1, 0, 0)];
+        assert!(t.iter().all(Result::is_ok), "caught up: the whole limit");
     }
 
     #[test]
@@ -613,6 +721,41 @@ mod tests {
     }
 
     #[test]
+    fn the_firing_loop_hears_whether_writes_came_back_in_time() {
+        let a = Admission::new(bounds(), 0);
+        assert_eq!(a.take_write_pace(), WritePace::Fast, "no writes at all");
+        let t = a.admit(1, 0, 0).unwrap();
+        assert_eq!(
+            a.take_write_pace(),
+            WritePace::Unknown,
+            "one in flight, none back"
+        );
+        a.completed(300, 1);
+        assert_eq!(a.take_write_pace(), WritePace::Fast);
+        a.completed(300, 1);
+        a.completed(301, 1);
+        assert_eq!(
+            a.take_write_pace(),
+            WritePace::Slow,
+            "one slow batch is enough"
+        );
+        assert_eq!(a.take_write_pace(), WritePace::Unknown, "taken");
+        drop(t);
+        assert_eq!(a.take_write_pace(), WritePace::Fast);
+        // Target 0: fires never yield, however slow the writes.
+        let off = Admission::new(
+            Bounds {
+                write_target_ms: 0,
+                ..bounds()
+            },
+            0,
+        );
+        let _t = off.admit(1, 0, 0).unwrap();
+        off.completed(60_000, 1);
+        assert_eq!(off.take_write_pace(), WritePace::Fast);
+    }
+
+    #[test]
     fn a_reserve_of_writes_gets_in_whatever_the_backlog_and_the_limit() {
         let a = Admission::new(
             Bounds {
@@ -685,6 +828,20 @@ mod tests {
                     ..d
                 },
                 "admit-max-backlog-ms",
+            ),
+            (
+                Bounds {
+                    max_fire_lag_ms: 0,
+                    ..d
+                },
+                "admit-max-fire-lag-ms",
+            ),
+            (
+                Bounds {
+                    write_target_ms: 60_001,
+                    ..d
+                },
+                "admit-write-target-ms",
             ),
             (
                 Bounds {

@@ -79,6 +79,7 @@ pub struct Metrics {
     log_append: Histogram,
     leader_changes: Counter,
     wheel_entries: Gauge,
+    fire_allowance: Gauge,
     raft_commit_index: Gauge,
     // Read from the node at scrape time.
     pending_timers: Gauge,
@@ -129,6 +130,7 @@ impl Metrics {
             log_append: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             leader_changes: Counter::default(),
             wheel_entries: Gauge::default(),
+            fire_allowance: Gauge::default(),
             raft_commit_index: Gauge::default(),
             pending_timers: Gauge::default(),
             raft_term: Gauge::default(),
@@ -208,6 +210,11 @@ impl Metrics {
             "kairos_wheel_entries",
             "Timers in the leader's in-memory wheel (0 on followers)",
             self.wheel_entries.clone(),
+        );
+        r.register(
+            "kairos_fire_allowance_keys",
+            "Due timers the leader lets into the log at once, paced by how fast fires apply (0 before the first fire)",
+            self.fire_allowance.clone(),
         );
         r.register(
             "kairos_pending_timers",
@@ -384,6 +391,11 @@ impl Metrics {
 
     pub fn set_wheel_entries(&self, n: usize) {
         self.wheel_entries.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_fire_allowance(&self, n: usize) {
+        self.fire_allowance
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// The Prometheus text exposition, levels read from `node` now.

@@ -618,6 +618,31 @@ pub async fn create(c: &Client, spec: pb::JobSpec) -> Result<pb::Job, tonic::Sta
     .await
 }
 
+/// Every job id starting with `prefix`, paging on until the token is empty.
+pub async fn job_ids(c: &Client, prefix: &str) -> std::collections::BTreeSet<String> {
+    let (mut out, mut token) = (std::collections::BTreeSet::new(), String::new());
+    loop {
+        let req = pb::ListJobsRequest {
+            page_size: 1000,
+            page_token: token.clone(),
+            id_prefix: prefix.into(),
+            ..Default::default()
+        };
+        let page = c
+            .jobs(|mut j| {
+                let r = req.clone();
+                async move { j.list_jobs(r).await }
+            })
+            .await
+            .expect("list jobs");
+        out.extend(page.jobs.into_iter().map(|j| j.spec.unwrap_or_default().id));
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
+    }
+}
+
 /// Job `id` as the cluster reads it; panics naming the id if it cannot.
 pub async fn get_job(c: &Client, id: &str) -> pb::Job {
     let r = pb::JobRef { id: id.into() };

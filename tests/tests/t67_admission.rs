@@ -3,16 +3,22 @@
 //! the leader and through a follower, gets some `RESOURCE_EXHAUSTED`
 //! answers carrying a `retry-after-ms` hint; every call is answered, a
 //! refused create wrote nothing, the leader keeps its term, and afterwards
-//! the refused creates succeed.
+//! the refused creates succeed. And the fire-lag bound: while the leader
+//! holds due timers back (more are due than it lets into the log at once),
+//! writes past the reserve are refused naming that bound, and admitted
+//! again once it has caught up; timers held by a cluster-wide firing pause
+//! do not count.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use kairos_client::pb::{self, jobs_client::JobsClient};
+use kairos_client::pb::{self, cluster_client::ClusterClient, jobs_client::JobsClient};
 use kairos_client::RETRY_AFTER_HEADER;
 use kairos_server::admission::{RETRY_AFTER_MAX_MS, RETRY_AFTER_MIN_MS};
-use kairos_tests::{create, every_job, wait_for, Cluster};
+use kairos_tests::{create, every_job, job_ids, once_job, wait_for, Cluster};
 use tonic::Code;
 
 const FLOOD: usize = 300;
@@ -20,25 +26,6 @@ const FLOOD: usize = 300;
 const CHANNELS: usize = 8;
 /// Refused creates sent again after the flood.
 const RETRIED: usize = 20;
-
-/// Every job id in the cluster (fewer than one page).
-async fn list_jobs(c: &kairos_client::Client) -> BTreeSet<String> {
-    let page = c
-        .jobs(|mut j| async move {
-            let req = pb::ListJobsRequest {
-                page_size: 1000,
-                ..Default::default()
-            };
-            j.list_jobs(req).await
-        })
-        .await
-        .expect("list jobs");
-    assert!(page.next_page_token.is_empty(), "more than one page");
-    page.jobs
-        .into_iter()
-        .map(|j| j.spec.unwrap_or_default().id)
-        .collect()
-}
 
 /// The leader's id and term, as the leader reports them.
 async fn leader_term(cluster: &Cluster) -> (u64, u64) {
@@ -134,7 +121,7 @@ async fn a_flood_past_the_bound_is_refused_with_a_hint_and_nothing_else_changes(
 
     // A refused create wrote nothing; an admitted one was written once.
     let c = cluster.client();
-    let listed: BTreeSet<String> = list_jobs(&c).await;
+    let listed: BTreeSet<String> = job_ids(&c, "").await;
     let written: BTreeSet<String> = (answers.iter())
         .filter(|(_, r)| r.is_ok())
         .map(|(id, _)| id.clone())
@@ -155,7 +142,7 @@ async fn a_flood_past_the_bound_is_refused_with_a_hint_and_nothing_else_changes(
             .unwrap_or_else(|e| panic!("{id} after the flood: {e:?}"));
     }
     assert_eq!(
-        list_jobs(&c).await.len(),
+        job_ids(&c, "").await.len(),
         written.len() + RETRIED.min(refused.len())
     );
     assert_eq!(
@@ -208,7 +195,126 @@ async fn a_pipelined_client_gets_every_answer_in_its_place() {
             (_, Err(s)) => panic!("p-{i}: {s:?}"),
         }
     }
-    let listed = list_jobs(&c).await;
+    let listed = job_ids(&c, "").await;
     assert_eq!(listed.len(), N - 1, "every spec but the bad one is a job");
     assert!(!listed.contains(&format!("p-{BAD}")));
+}
+
+/// Due one-shots released at once by a resume of firing: more than the leader's fire allowance (4,096 keys in flight).
+const BURST: usize = 8_000;
+/// Concurrent creates sent while the burst drains.
+const PROBES: usize = 4;
+
+async fn set_firing(c: &kairos_client::Client, paused: bool) {
+    c.call(|ch| async move {
+        let mut cluster = ClusterClient::new(ch);
+        match paused {
+            true => {
+                let req = pb::PauseFiringRequest { note: "t67".into() };
+                cluster.pause_firing(req).await
+            }
+            false => {
+                cluster
+                    .resume_firing(pb::ResumeFiringRequest::default())
+                    .await
+            }
+        }
+    })
+    .await
+    .expect("pause or resume firing");
+}
+
+/// Creates hourly jobs `late-N` straight to `addr`, without retries, on
+/// `PROBES` channels until `stop`; returns each id with its answer.
+async fn probe_creates(
+    addr: String,
+    stop: Arc<AtomicBool>,
+) -> Vec<(String, Result<(), tonic::Status>)> {
+    let each = (0..PROBES).map(|p| {
+        let (addr, stop) = (addr.clone(), stop.clone());
+        async move {
+            let mut jobs = JobsClient::new(kairos_client::channel(&addr).expect("channel"));
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let id = format!("late-{p}-{}", answers.len());
+                let req = pb::CreateJobRequest {
+                    spec: Some(every_job(&id, "late", 3_600_000)),
+                };
+                answers.push((id, jobs.create_job(req).await.map(drop)));
+            }
+            answers
+        }
+    });
+    join_all(each).await.into_iter().flatten().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_get_only_the_reserve_while_due_timers_wait_and_a_firing_pause_is_not_lag() {
+    let flags = ["--admit-max-fire-lag-ms", "1", "--admit-reserve", "0"];
+    let cluster = Cluster::start(3, &flags);
+    let leader = cluster.wait_leader().await;
+    let c = cluster.client();
+    // Paused: the one-shots fall due and stay due, held by the pause.
+    set_firing(&c, true).await;
+    let specs: Vec<pb::JobSpec> = (0..BURST)
+        .map(|i| once_job(&format!("burst-{i}"), "burst"))
+        .collect();
+    let made = c.create_jobs(specs, 16).await;
+    assert!(made.iter().all(Result::is_ok), "every burst timer created");
+    let due_by = (made.iter())
+        .filter_map(|j| Some(j.as_ref().ok()?.next_fire_at_ms))
+        .max()
+        .expect("a due time");
+    wait_for("the burst to fall due", Duration::from_secs(30), || async {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        (now > due_by + 50).then_some(())
+    })
+    .await;
+    // Overdue timers held by a pause are not work the cluster is behind on.
+    create(&c, every_job("while-paused", "late", 3_600_000))
+        .await
+        .expect("a write while firing is paused with timers due");
+
+    // Resumed: more keys are due than the leader lets in flight at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = tokio::spawn(probe_creates(
+        cluster.node(leader).addr.clone(),
+        stop.clone(),
+    ));
+    set_firing(&c, false).await;
+    let fired = r#"kairos_fires_total{group="burst"}"#;
+    wait_for("the burst to fire", Duration::from_secs(120), || async {
+        (cluster.metric(leader, fired) == Some(BURST as f64)).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let answers = probes.await.expect("probes");
+    let refused = refused_ids(&answers);
+    let lagging = (answers.iter())
+        .filter_map(|(_, r)| r.as_ref().err())
+        .filter(|s| {
+            s.message()
+                .contains("ms the oldest due timer waits to fire")
+        })
+        .count();
+    assert!(
+        lagging > 0,
+        "no write refused for the fire lag while {BURST} timers drained: {} answers, {} refused",
+        answers.len(),
+        refused.len()
+    );
+
+    // Refused writes wrote nothing; admitted ones are there; caught up, writes get in again.
+    let admitted: BTreeSet<String> = (answers.iter())
+        .filter(|(_, r)| r.is_ok())
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(job_ids(&c, "late-").await, admitted);
+    assert_eq!(job_ids(&c, "burst-").await.len(), BURST);
+    create(&c, every_job("after", "late", 3_600_000))
+        .await
+        .expect("a write once the burst has fired");
 }

@@ -50,6 +50,8 @@ struct Phase {
     elections: u64,
     /// Log entries appended but not applied, the most of any node, sampled.
     backlog: Vec<i64>,
+    /// The leader's fire allowance (due keys let into the log at once), sampled.
+    allowance: Vec<i64>,
     /// Entries applied per second (by the node that applied the most).
     applied_per_s: f64,
     /// This load generator's own CPU (workers included), % of one core.
@@ -120,6 +122,10 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
         summarize(&mut over.backlog.clone()),
     );
     r.set("applied_entries_per_s", over.applied_per_s);
+    r.summary(
+        "fire_allowance_keys",
+        summarize(&mut over.allowance.clone()),
+    );
     report_lateness(&mut r, &win);
     report_nodes(&mut r, &before, &after);
     report_writes(&mut r, &writes0, &writes1, win.len());
@@ -151,7 +157,7 @@ async fn phase(
     let clients = Arc::new(load::observed_clients(&t.endpoints, o.clients, &attempts).await?);
     let status = Client::new(t.endpoints.clone());
     let term0 = max_term(t, &status).await;
-    let applied0 = t.metric("kairos_applied_index").await;
+    let applied0 = t.metric("kairos_raft_applied_index").await;
     let (w0, start) = (wall_ms(), Instant::now());
     let me0 = crate::procfs::sample(std::process::id());
     let burst = {
@@ -161,15 +167,17 @@ async fn phase(
     };
     let prefix = format!("ov-once-{w0}");
     let feed = tokio::spawn(feed_open_loop(clients.clone(), prefix, oneshot_rate, dur));
-    let mut backlog = Vec::new();
+    let (mut backlog, mut allowance) = (Vec::new(), Vec::new());
     while start.elapsed() < dur {
         tokio::time::sleep(SAMPLE_EVERY.min(dur.saturating_sub(start.elapsed()))).await;
         backlog.extend(apply_backlog(t).await);
+        let keys = t.metric("kairos_fire_allowance_keys").await;
+        allowance.extend(keys.iter().map(|(_, v)| *v as i64).max().filter(|v| *v > 0));
     }
     let w1 = wall_ms();
     let me1 = crate::procfs::sample(std::process::id());
     let term1 = max_term(t, &status).await;
-    let applied1 = t.metric("kairos_applied_index").await;
+    let applied1 = t.metric("kairos_raft_applied_index").await;
     let applied = (applied1.iter())
         .filter_map(|(id, b)| Some(b - applied0.iter().find(|(i, _)| i == id)?.1))
         .fold(0.0, f64::max);
@@ -182,6 +190,7 @@ async fn phase(
         fires_per_s: received as f64 * 1000.0 / (w1 - w0).max(1) as f64,
         elections: term1.zip(term0).map_or(0, |(b, a)| b.saturating_sub(a)),
         backlog,
+        allowance,
         applied_per_s: applied / dur.as_secs_f64(),
         bench_cpu_pct: me0
             .zip(me1)
@@ -195,8 +204,8 @@ async fn phase(
 /// The largest apply backlog (last log index minus applied index) of the
 /// local nodes, if any node answered.
 async fn apply_backlog(t: &Target) -> Option<i64> {
-    let last = t.metric("kairos_last_log_index").await;
-    let applied = t.metric("kairos_applied_index").await;
+    let last = t.metric("kairos_raft_last_log_index").await;
+    let applied = t.metric("kairos_raft_applied_index").await;
     (last.iter())
         .filter_map(|(id, l)| Some(*l as i64 - applied.iter().find(|(i, _)| i == id)?.1 as i64))
         .max()
@@ -204,7 +213,7 @@ async fn apply_backlog(t: &Target) -> Option<i64> {
 
 /// The highest term any node reports (from /metrics on a local cluster).
 async fn max_term(t: &Target, status: &Client) -> Option<u64> {
-    let local = t.metric("kairos_term").await;
+    let local = t.metric("kairos_raft_term").await;
     if !local.is_empty() {
         return local.iter().map(|(_, term)| *term as u64).max();
     }

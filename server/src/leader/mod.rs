@@ -6,6 +6,7 @@
 
 pub mod dispatch;
 pub mod housekeep;
+pub mod pace;
 pub mod wheel;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use crate::core::{
 };
 use crate::node::Node;
 use crate::runlog;
+use pace::{FirePace, Sent};
 use wheel::TimingWheel;
 
 /// How far ahead the in-memory wheel holds entries.
@@ -39,6 +41,7 @@ const QUORUM_CHECK: Duration = Duration::from_millis(1000);
 const QUORUM_LOST: Duration = Duration::from_millis(2000);
 /// Fire proposals in flight at once: the next batch replicates while the
 /// previous one applies, and keys due meanwhile gather into the next batch.
+/// How many keys they hold together is paced (`pace`).
 const FIRES_IN_FLIGHT: usize = 4;
 /// Keys per Fire proposal. Applying a key writes about five state keys, in
 /// one sled batch that holds sled's process-wide write lock, which this
@@ -90,6 +93,7 @@ fn stop(node: &Node, task: Option<(u64, tokio::task::JoinHandle<()>)>) {
         h.abort();
         node.dispatcher.clear();
         node.clock.reset();
+        node.admission.set_fire_lag(0);
     }
 }
 
@@ -109,6 +113,7 @@ async fn lead(node: Arc<Node>) {
         };
         node.dispatcher.clear();
         node.metrics.set_wheel_entries(0);
+        node.admission.set_fire_lag(0);
         // A leader cut off from its quorum fails fast and repeatedly: back
         // off (up to 2 s) and say so once per attempt, not twice a second.
         backoff = if node.clock.mono_ms() - started_ms > 10_000 {
@@ -184,6 +189,7 @@ impl Term {
         term.resync(now);
         let mut lease_tick = tokio::time::interval(LEASE_CHECK);
         let mut firing = FuturesUnordered::new();
+        let mut pace = FirePace::new(FIRES_IN_FLIGHT * FIRE_PROPOSAL_KEYS);
         loop {
             // Effects first: under steady load there is always something due,
             // and dispatch must not wait for a quiet moment.
@@ -204,21 +210,36 @@ impl Term {
             term.node.metrics.set_wheel_entries(term.wheel.len());
             // While firing is paused cluster-wide the due keys stay in the
             // wheel (apply would not fire them either).
-            let can_fire = firing.len() < FIRES_IN_FLIGHT && term.node.sm.firing_paused().is_none();
+            let room = pace
+                .room()
+                .min(FIRE_PROPOSAL_KEYS.min(limits::FIRE_BATCH_MAX));
+            let can_fire = firing.len() < FIRES_IN_FLIGHT
+                && room > 0
+                && term.node.sm.firing_paused().is_none();
             if can_fire {
                 let due: Vec<WheelKey> = term
                     .wheel
-                    .advance(now, FIRE_PROPOSAL_KEYS.min(limits::FIRE_BATCH_MAX))
+                    .advance(now, room)
                     .into_iter()
                     .map(|(k, _)| k)
                     .collect();
                 if !due.is_empty() {
-                    firing.push(propose_fire(term.node.clone(), now, due));
+                    let sent = pace.sent(due.len());
+                    term.node.metrics.set_fire_allowance(pace.limit());
+                    firing.push(propose_fire(term.node.clone(), now, due, sent));
                     continue;
                 }
             }
+            // Due keys held back (the pipeline is full, or paced) tell
+            // admission how far behind the cluster is on work it accepted.
+            let next_due = term.wheel.next_due_ms();
+            let held_back = match term.node.sm.firing_paused() {
+                Some(_) => 0,
+                None => next_due.map_or(0, |at| (now - at).max(0) as u64),
+            };
+            term.node.admission.set_fire_lag(held_back);
             // With the pipeline full, a finished proposal is what wakes us.
-            let wake_ms = match term.wheel.next_due_ms() {
+            let wake_ms = match next_due {
                 Some(at) if can_fire => at.min(now + 1000),
                 _ => now + 1000,
             };
@@ -226,7 +247,10 @@ impl Term {
             tokio::select! {
                 // A fire that did not commit ends the term; the next one
                 // rebuilds the wheel from replicated state, keys included.
-                Some(r) = firing.next(), if !firing.is_empty() => r?,
+                Some((sent, r)) = firing.next(), if !firing.is_empty() => {
+                    r?;
+                    pace.done(sent, term.node.admission.take_write_pace());
+                }
                 r = effects.recv() => match r {
                     Ok(batch) => term.on_effects(&batch),
                     Err(RecvError::Lagged(n)) => {
@@ -423,16 +447,19 @@ impl Term {
     }
 }
 
-/// Proposes one batch of due keys. Apply decides which of them fire.
-async fn propose_fire(node: Arc<Node>, now: i64, keys: Vec<WheelKey>) -> anyhow::Result<()> {
-    let widths = node.dispatcher.widths();
-    node.propose(Command::Fire {
+/// Proposes one batch of due keys; apply decides which of them fire.
+async fn propose_fire(
+    node: Arc<Node>,
+    now: i64,
+    keys: Vec<WheelKey>,
+    sent: Sent,
+) -> (Sent, anyhow::Result<()>) {
+    let cmd = Command::Fire {
         now_ms: now,
         keys,
-        widths,
-    })
-    .await?;
-    Ok(())
+        widths: node.dispatcher.widths(),
+    };
+    (sent, node.propose(cmd).await.map(drop).map_err(Into::into))
 }
 
 /// Measures every voter's clock (concurrently) and updates cluster time.

@@ -112,7 +112,7 @@ mod tests {
             "id = 3\nlisten = \"127.0.0.1:9070\"\npeers = [\"1=127.0.0.1:9170\", \"3=127.0.0.1:9173\"]\n\
              insecure = true\nheartbeat_ms = 50\nelection_min_ms = 200\nadmit_max_commands = 7\n\
              admit_max_kb = 64\nadmit_max_backlog = 9\nadmit_max_backlog_ms = 700\n\
-             admit_max_wait_ms = 250\nlog_format = \"json\"\n",
+             admit_max_wait_ms = 250\nadmit_max_fire_lag_ms = 1500\nadmit_write_target_ms = 0\nlog_format = \"json\"\n",
         );
         let a = with_file(f.path(), vec!["--heartbeat-ms".into(), "60".into()]).unwrap();
         assert_eq!(a.id, 3);
@@ -123,6 +123,10 @@ mod tests {
         assert_eq!(a.election_min_ms, 200);
         assert_eq!(a.log_format, crate::LogFormat::Json);
         assert_eq!(a.election_max_ms, 500, "the default when neither sets it");
+        assert_eq!(
+            (a.admit_max_fire_lag_ms, a.admit_write_target_ms),
+            (1500, 0)
+        );
         assert_eq!(
             (
                 a.admit_max_commands,

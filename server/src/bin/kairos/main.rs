@@ -217,6 +217,16 @@ pub struct ServeArgs {
     /// it is refused, unwritten.
     #[arg(long, env = "KAIROS_ADMIT_MAX_WAIT_MS", default_value_t = Bounds::default().max_wait_ms)]
     admit_max_wait_ms: u64,
+    /// How late the leader's oldest due timer not yet proposed may be
+    /// (1..3600000 ms); past it the cluster is behind on fires it owes and
+    /// client writes get only the reserve.
+    #[arg(long, env = "KAIROS_ADMIT_MAX_FIRE_LAG_MS", default_value_t = Bounds::default().max_fire_lag_ms)]
+    admit_max_fire_lag_ms: u64,
+    /// A client write batch slower than this from proposal to answer makes
+    /// the leader let less fire work into the log ahead of writes
+    /// (0..60000 ms; 0: fires never yield, for the most fires/s).
+    #[arg(long, env = "KAIROS_ADMIT_WRITE_TARGET_MS", default_value_t = Bounds::default().write_target_ms)]
+    admit_write_target_ms: u64,
     /// Client writes admitted whatever the log backlog while fewer are in
     /// flight (0..admit-max-commands; default 16, or admit-max-commands if
     /// smaller), so writes keep a share of the log when committed fires alone
@@ -409,6 +419,8 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
         max_backlog: a.admit_max_backlog,
         max_backlog_ms: a.admit_max_backlog_ms,
         max_wait_ms: a.admit_max_wait_ms,
+        max_fire_lag_ms: a.admit_max_fire_lag_ms,
+        write_target_ms: a.admit_write_target_ms,
         reserve: (a.admit_reserve)
             .unwrap_or_else(|| Bounds::default().reserve.min(a.admit_max_commands)),
     };

@@ -1,0 +1,170 @@
+//! How many due keys the leader lets into the log at once.
+//!
+//! Every log entry applies in order, so the fire work appended ahead of a
+//! client write is time that write waits for its answer. Past saturation
+//! the wheel always has more due keys than the cluster applies, and a full
+//! pipeline of Fire proposals (4 × 1,024 keys) is about a second of work on
+//! a two-core box: an admitted write waited that long. Fewer keys in flight
+//! cost fire throughput, though (smaller entries, more of them), so the
+//! pipeline shrinks only for the writes: when a client batch comes back
+//! slower than `--admit-write-target-ms`, the allowance halves (once per
+//! round of proposals); a fire proposal that returns after client batches
+//! came back in time, or while none is in flight, grows it back by its
+//! keys, up to the full pipeline; one that returns while writes are in
+//! flight and none has come back leaves it. With no client writes the
+//! allowance stays full. Keys beyond it wait in the wheel, where nothing
+//! queues behind them. Pacing decides when a due key is proposed, never
+//! whether.
+
+use crate::admission::WritePace;
+
+/// The allowance never falls below this many keys.
+pub const MIN_KEYS: usize = 64;
+
+/// The allowance of keys in flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FirePace {
+    max_keys: usize,
+    limit: usize,
+    in_flight: usize,
+    /// Proposals sent up to this sequence number were in flight at the last
+    /// cut: a slow write seen when one of them returns says nothing new.
+    cut_seq: u64,
+    next_seq: u64,
+}
+
+/// One proposal's share of the allowance, returned to [`FirePace::done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sent {
+    keys: usize,
+    seq: u64,
+}
+
+impl FirePace {
+    /// Starts with the full pipeline of `max_keys` allowed.
+    #[must_use]
+    pub fn new(max_keys: usize) -> Self {
+        let max_keys = max_keys.max(MIN_KEYS);
+        FirePace {
+            max_keys,
+            limit: max_keys,
+            in_flight: 0,
+            cut_seq: 0,
+            next_seq: 0,
+        }
+    }
+
+    /// Keys that may be proposed now. While proposals are in flight, a
+    /// sliver of room is not worth an entry of its own: it waits until a
+    /// quarter of the allowance is free, so entries stay large.
+    #[must_use]
+    pub fn room(&self) -> usize {
+        let free = self.limit.saturating_sub(self.in_flight);
+        match self.in_flight > 0 && free < self.limit / 4 {
+            true => 0,
+            false => free,
+        }
+    }
+
+    /// Records a proposal of `keys` going out.
+    pub fn sent(&mut self, keys: usize) -> Sent {
+        self.in_flight += keys;
+        self.next_seq += 1;
+        Sent {
+            keys,
+            seq: self.next_seq,
+        }
+    }
+
+    /// Records a proposal back, with what client writes said since the
+    /// last one: slow halves the allowance once per round, fast adds the
+    /// proposal's keys back to it, unknown leaves it.
+    pub fn done(&mut self, sent: Sent, writes: WritePace) {
+        self.in_flight = self.in_flight.saturating_sub(sent.keys);
+        match writes {
+            WritePace::Fast => self.limit = (self.limit + sent.keys).min(self.max_keys),
+            WritePace::Slow if sent.seq > self.cut_seq => {
+                self.limit = (self.limit / 2).max(MIN_KEYS);
+                self.cut_seq = self.next_seq;
+            }
+            WritePace::Slow | WritePace::Unknown => {}
+        }
+    }
+
+    /// Keys allowed in flight now.
+    #[must_use]
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use WritePace::{Fast, Slow, Unknown};
+
+    #[test]
+    fn without_slow_writes_the_whole_pipeline_is_allowed() {
+        let mut p = FirePace::new(4096);
+        for _ in 0..100 {
+            let s = p.sent(1024);
+            assert_eq!(p.room(), 3072);
+            p.done(s, Fast);
+        }
+        assert_eq!((p.limit(), p.room()), (4096, 4096));
+    }
+
+    #[test]
+    fn slow_writes_halve_the_allowance_once_per_round_and_it_grows_back() {
+        let mut p = FirePace::new(4096);
+        let a = p.sent(1024);
+        let b = p.sent(1024);
+        let c = p.sent(1024);
+        // Slow writes seen as each of one round returns: one cut, not three.
+        p.done(a, Slow);
+        assert_eq!(p.limit(), 2048);
+        p.done(b, Slow);
+        p.done(c, Slow);
+        assert_eq!(p.limit(), 2048);
+        assert_eq!(p.room(), 2048);
+        // Still slow after a proposal sent since the cut: cut again.
+        let d = p.sent(512);
+        p.done(d, Slow);
+        assert_eq!(p.limit(), 1024);
+        // Writes in flight and none back: held where it is.
+        let e = p.sent(512);
+        p.done(e, Unknown);
+        assert_eq!(p.limit(), 1024);
+        // Writes answered in time again: back to the full pipeline.
+        for _ in 0..10 {
+            let s = p.sent(1024);
+            p.done(s, Fast);
+        }
+        assert_eq!(p.limit(), 4096);
+    }
+
+    #[test]
+    fn with_proposals_in_flight_a_sliver_of_room_waits_for_a_quarter() {
+        let mut p = FirePace::new(1000);
+        let a = p.sent(800);
+        assert_eq!(p.room(), 0, "200 free of 1000 is under a quarter");
+        p.done(a, Fast);
+        assert_eq!(p.room(), 1000);
+        let _b = p.sent(700);
+        assert_eq!(p.room(), 300);
+    }
+
+    #[test]
+    fn the_allowance_has_a_floor_and_keys_in_flight_count_against_it() {
+        let mut p = FirePace::new(4096);
+        for _ in 0..20 {
+            let s = p.sent(10);
+            p.done(s, Slow);
+        }
+        assert_eq!(p.limit(), MIN_KEYS);
+        let s = p.sent(MIN_KEYS);
+        assert_eq!(p.room(), 0, "the floor is in flight");
+        p.done(s, Fast);
+        assert_eq!(p.room(), 2 * MIN_KEYS);
+    }
+}
