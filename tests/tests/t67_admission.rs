@@ -18,6 +18,7 @@ use futures::future::join_all;
 use kairos_client::pb::{self, cluster_client::ClusterClient, jobs_client::JobsClient};
 use kairos_client::RETRY_AFTER_HEADER;
 use kairos_server::admission::{RETRY_AFTER_MAX_MS, RETRY_AFTER_MIN_MS};
+use kairos_server::core::command::LOG_FORMAT;
 use kairos_tests::{create, every_job, job_ids, once_job, wait_for, Cluster};
 use tonic::Code;
 
@@ -253,6 +254,8 @@ async fn writes_get_only_the_reserve_while_due_timers_wait_and_a_firing_pause_is
     let flags = ["--admit-max-fire-lag-ms", "1", "--admit-reserve", "0"];
     let cluster = Cluster::start(3, &flags);
     let leader = cluster.wait_leader().await;
+    // Pausing firing needs log format 3: a fresh cluster raises it just after electing.
+    cluster.wait_log_format(leader, LOG_FORMAT).await;
     let c = cluster.client();
     // Paused: the one-shots fall due and stay due, held by the pause.
     set_firing(&c, true).await;

@@ -189,7 +189,8 @@ impl Term {
         term.resync(now);
         let mut lease_tick = tokio::time::interval(LEASE_CHECK);
         let mut firing = FuturesUnordered::new();
-        let mut pace = FirePace::new(FIRES_IN_FLIGHT * FIRE_PROPOSAL_KEYS);
+        // Never below one full proposal: writes must not starve the fires.
+        let mut pace = FirePace::new(FIRE_PROPOSAL_KEYS, FIRES_IN_FLIGHT * FIRE_PROPOSAL_KEYS);
         loop {
             // Effects first: under steady load there is always something due,
             // and dispatch must not wait for a quiet moment.

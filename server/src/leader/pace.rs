@@ -14,16 +14,15 @@
 //! flight and none has come back leaves it. With no client writes the
 //! allowance stays full. Keys beyond it wait in the wheel, where nothing
 //! queues behind them. Pacing decides when a due key is proposed, never
-//! whether.
+//! whether, and never below one full proposal: slow writes (a slow disk
+//! slows them as much as fires) must not starve the fires the cluster owes.
 
 use crate::admission::WritePace;
-
-/// The allowance never falls below this many keys.
-pub const MIN_KEYS: usize = 64;
 
 /// The allowance of keys in flight.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FirePace {
+    min_keys: usize,
     max_keys: usize,
     limit: usize,
     in_flight: usize,
@@ -41,11 +40,14 @@ pub struct Sent {
 }
 
 impl FirePace {
-    /// Starts with the full pipeline of `max_keys` allowed.
+    /// Starts with the full pipeline of `max_keys` allowed; the allowance
+    /// stays between `min_keys` (at least 1) and `max_keys`.
     #[must_use]
-    pub fn new(max_keys: usize) -> Self {
-        let max_keys = max_keys.max(MIN_KEYS);
+    pub fn new(min_keys: usize, max_keys: usize) -> Self {
+        let min_keys = min_keys.max(1);
+        let max_keys = max_keys.max(min_keys);
         FirePace {
+            min_keys,
             max_keys,
             limit: max_keys,
             in_flight: 0,
@@ -84,7 +86,7 @@ impl FirePace {
         match writes {
             WritePace::Fast => self.limit = (self.limit + sent.keys).min(self.max_keys),
             WritePace::Slow if sent.seq > self.cut_seq => {
-                self.limit = (self.limit / 2).max(MIN_KEYS);
+                self.limit = (self.limit / 2).max(self.min_keys);
                 self.cut_seq = self.next_seq;
             }
             WritePace::Slow | WritePace::Unknown => {}
@@ -105,7 +107,7 @@ mod tests {
 
     #[test]
     fn without_slow_writes_the_whole_pipeline_is_allowed() {
-        let mut p = FirePace::new(4096);
+        let mut p = FirePace::new(64, 4096);
         for _ in 0..100 {
             let s = p.sent(1024);
             assert_eq!(p.room(), 3072);
@@ -116,7 +118,7 @@ mod tests {
 
     #[test]
     fn slow_writes_halve_the_allowance_once_per_round_and_it_grows_back() {
-        let mut p = FirePace::new(4096);
+        let mut p = FirePace::new(64, 4096);
         let a = p.sent(1024);
         let b = p.sent(1024);
         let c = p.sent(1024);
@@ -145,7 +147,7 @@ mod tests {
 
     #[test]
     fn with_proposals_in_flight_a_sliver_of_room_waits_for_a_quarter() {
-        let mut p = FirePace::new(1000);
+        let mut p = FirePace::new(64, 1000);
         let a = p.sent(800);
         assert_eq!(p.room(), 0, "200 free of 1000 is under a quarter");
         p.done(a, Fast);
@@ -156,15 +158,22 @@ mod tests {
 
     #[test]
     fn the_allowance_has_a_floor_and_keys_in_flight_count_against_it() {
-        let mut p = FirePace::new(4096);
+        let mut p = FirePace::new(64, 4096);
         for _ in 0..20 {
             let s = p.sent(10);
             p.done(s, Slow);
         }
-        assert_eq!(p.limit(), MIN_KEYS);
-        let s = p.sent(MIN_KEYS);
+        assert_eq!(p.limit(), 64);
+        let s = p.sent(64);
         assert_eq!(p.room(), 0, "the floor is in flight");
         p.done(s, Fast);
-        assert_eq!(p.room(), 2 * MIN_KEYS);
+        assert_eq!(p.room(), 128);
+        // One full proposal as the floor: slow writes never hold fires below it.
+        let mut q = FirePace::new(1024, 4096);
+        for _ in 0..5 {
+            let s = q.sent(1024);
+            q.done(s, Slow);
+        }
+        assert_eq!(q.room(), 1024);
     }
 }
