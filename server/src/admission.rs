@@ -315,18 +315,6 @@ struct State {
     limit: usize,
 }
 
-impl State {
-    fn load(&self, backlog: u64, fire_lag_ms: u64) -> Load {
-        Load {
-            commands: self.commands,
-            bytes: self.bytes,
-            backlog,
-            backlog_ms: self.drain.ms,
-            fire_lag_ms,
-        }
-    }
-}
-
 /// One admitted command's share of the load, given back when dropped
 /// (when its waiter has been answered, or the command was dropped).
 pub struct Ticket {
@@ -356,6 +344,17 @@ impl Admission {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The load now: `st`'s counts, `backlog` and the firing loop's lag.
+    fn load_with(&self, st: &State, backlog: u64) -> Load {
+        Load {
+            commands: st.commands,
+            bytes: st.bytes,
+            backlog,
+            backlog_ms: st.drain.ms,
+            fire_lag_ms: self.fire_lag(),
+        }
+    }
+
     /// Admits a command of `bytes` while `backlog` entries wait to be applied.
     pub fn admit(
         self: &Arc<Self>,
@@ -364,7 +363,7 @@ impl Admission {
         now_ms: i64,
     ) -> Result<Ticket, Overloaded> {
         let mut st = self.state();
-        let load = st.load(backlog, self.fire_lag());
+        let load = self.load_with(&st, backlog);
         let bounds = Bounds {
             max_commands: st.limit,
             ..self.bounds
@@ -382,7 +381,7 @@ impl Admission {
     /// command would be refused now. Admits nothing.
     pub fn precheck(&self, backlog: u64, now_ms: i64) -> Result<(), Overloaded> {
         let mut st = self.state();
-        let load = st.load(backlog, self.fire_lag());
+        let load = self.load_with(&st, backlog);
         match self.bounds.check(load, 0) {
             Ok(()) => Ok(()),
             refused => self.decide(&mut st, refused, now_ms),
@@ -398,7 +397,7 @@ impl Admission {
         let behind = Load {
             commands: st.commands.saturating_sub(1),
             bytes: 0,
-            ..st.load(backlog, self.fire_lag())
+            ..self.load_with(&st, backlog)
         };
         let res = (self.bounds.check_wait(queued_ms, now_ms)).and(self.bounds.check(behind, 0));
         match res {

@@ -211,12 +211,11 @@ impl Term {
             term.node.metrics.set_wheel_entries(term.wheel.len());
             // While firing is paused cluster-wide the due keys stay in the
             // wheel (apply would not fire them either).
+            let paused = term.node.sm.firing_paused().is_some();
             let room = pace
                 .room()
                 .min(FIRE_PROPOSAL_KEYS.min(limits::FIRE_BATCH_MAX));
-            let can_fire = firing.len() < FIRES_IN_FLIGHT
-                && room > 0
-                && term.node.sm.firing_paused().is_none();
+            let can_fire = firing.len() < FIRES_IN_FLIGHT && room > 0 && !paused;
             if can_fire {
                 let due: Vec<WheelKey> = term
                     .wheel
@@ -232,11 +231,12 @@ impl Term {
                 }
             }
             // Due keys held back (the pipeline is full, or paced) tell
-            // admission how far behind the cluster is on work it accepted.
+            // admission how far behind the cluster is on work it accepted;
+            // those a pause holds are not.
             let next_due = term.wheel.next_due_ms();
-            let held_back = match term.node.sm.firing_paused() {
-                Some(_) => 0,
-                None => next_due.map_or(0, |at| (now - at).max(0) as u64),
+            let held_back = match paused {
+                true => 0,
+                false => next_due.map_or(0, |at| (now - at).max(0) as u64),
             };
             term.node.admission.set_fire_lag(held_back);
             // With the pipeline full, a finished proposal is what wakes us.
