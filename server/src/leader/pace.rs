@@ -9,10 +9,14 @@
 //! pipeline shrinks only for the writes: when a client batch comes back
 //! slower than `--admit-write-target-ms`, the allowance halves (once per
 //! round of proposals); a fire proposal that returns after client batches
-//! came back in time, or while none is in flight, grows it back by its
-//! keys, up to the full pipeline; one that returns while writes are in
-//! flight and none has come back leaves it. With no client writes the
-//! allowance stays full. Keys beyond it wait in the wheel, where nothing
+//! came back in time, or while none is in flight, grows it back by a
+//! quarter of one full proposal, up to the full pipeline; one that returns
+//! while writes are in flight and none has come back leaves it. Growth is
+//! additive and cuts are halvings, so the allowance stays near what the
+//! writes tolerate: a lull between bursts of writes (refused clients come
+//! back together, when their hint runs out) does not refill the pipeline
+//! before the next burst arrives. With no client writes the allowance
+//! fills, a quarter proposal per returning entry. Keys beyond it wait in the wheel, where nothing
 //! queues behind them. Pacing decides when a due key is proposed, never
 //! whether, and never below one full proposal: slow writes (a slow disk
 //! slows them as much as fires) must not starve the fires the cluster owes.
@@ -24,6 +28,8 @@ use crate::admission::WritePace;
 pub struct FirePace {
     min_keys: usize,
     max_keys: usize,
+    /// Keys a returning proposal adds back, when writes were fast.
+    step: usize,
     limit: usize,
     in_flight: usize,
     /// Proposals sent up to this sequence number were in flight at the last
@@ -49,6 +55,7 @@ impl FirePace {
         FirePace {
             min_keys,
             max_keys,
+            step: (min_keys / 4).max(1),
             limit: max_keys,
             in_flight: 0,
             cut_seq: 0,
@@ -79,12 +86,14 @@ impl FirePace {
     }
 
     /// Records a proposal back, with what client writes said since the
-    /// last one: slow halves the allowance once per round, fast adds the
-    /// proposal's keys back to it, unknown leaves it.
+    /// last one: slow halves the allowance once per round, fast adds a
+    /// quarter of the floor (at most the proposal's keys), unknown leaves it.
     pub fn done(&mut self, sent: Sent, writes: WritePace) {
         self.in_flight = self.in_flight.saturating_sub(sent.keys);
         match writes {
-            WritePace::Fast => self.limit = (self.limit + sent.keys).min(self.max_keys),
+            WritePace::Fast => {
+                self.limit = (self.limit + self.step.min(sent.keys)).min(self.max_keys);
+            }
             WritePace::Slow if sent.seq > self.cut_seq => {
                 self.limit = (self.limit / 2).max(self.min_keys);
                 self.cut_seq = self.next_seq;
@@ -137,8 +146,12 @@ mod tests {
         let e = p.sent(512);
         p.done(e, Unknown);
         assert_eq!(p.limit(), 1024);
-        // Writes answered in time again: back to the full pipeline.
-        for _ in 0..10 {
+        // Writes answered in time again: it grows a quarter of the floor
+        // (16 keys here) per returning proposal, back to the full pipeline.
+        let s = p.sent(1024);
+        p.done(s, Fast);
+        assert_eq!(p.limit(), 1040);
+        for _ in 0..200 {
             let s = p.sent(1024);
             p.done(s, Fast);
         }
@@ -157,6 +170,27 @@ mod tests {
     }
 
     #[test]
+    fn growth_is_additive_so_a_lull_between_write_bursts_does_not_refill_the_pipeline() {
+        let mut p = FirePace::new(1024, 4096);
+        let s = p.sent(1024);
+        p.done(s, Slow);
+        assert_eq!(p.limit(), 2048);
+        let s = p.sent(1024);
+        p.done(s, Slow);
+        assert_eq!(p.limit(), 1024);
+        // A lull: no write in flight for three proposals.
+        for _ in 0..3 {
+            let s = p.sent(1024);
+            p.done(s, Fast);
+        }
+        assert_eq!(p.limit(), 1024 + 3 * 256, "not the full 4,096");
+        // The next burst is slow again: one halving, not below the floor.
+        let s = p.sent(1024);
+        p.done(s, Slow);
+        assert_eq!(p.limit(), 1024);
+    }
+
+    #[test]
     fn the_allowance_has_a_floor_and_keys_in_flight_count_against_it() {
         let mut p = FirePace::new(64, 4096);
         for _ in 0..20 {
@@ -167,7 +201,11 @@ mod tests {
         let s = p.sent(64);
         assert_eq!(p.room(), 0, "the floor is in flight");
         p.done(s, Fast);
-        assert_eq!(p.room(), 128);
+        assert_eq!(p.room(), 80, "the floor of 64 plus a quarter of it");
+        // A proposal smaller than the step adds back only its keys.
+        let s = p.sent(5);
+        p.done(s, Fast);
+        assert_eq!(p.limit(), 85);
         // One full proposal as the floor: slow writes never hold fires below it.
         let mut q = FirePace::new(1024, 4096);
         for _ in 0..5 {

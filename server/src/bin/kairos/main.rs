@@ -13,6 +13,12 @@ use kairos_server::{otel, run, Config};
 mod config;
 mod playground;
 
+/// mimalloc instead of the system allocator: under load the state machine
+/// allocates a key and a value per read and write, and glibc's malloc and
+/// free were a quarter of a leader's CPU (BENCHMARKS.md, seventh pass).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "kairos",
