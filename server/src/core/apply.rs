@@ -119,6 +119,7 @@ fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
         actor: "",
         ended: Vec::new(),
         create_request: None,
+        format: std::cell::Cell::new(None),
     };
     tx.now = tx.advance_time(command_time(cmd));
     match tx.run(cmd) {
@@ -229,6 +230,9 @@ struct Tx<'a, V: StateView + ?Sized> {
     /// The request id of the create being applied, kept in the job it
     /// makes (log format 4; see `dedup`).
     create_request: Option<&'a str>,
+    /// The active log format, read once per command (a finish of 1,024
+    /// runs asks for it per run); only `ActivateLogFormat` changes it.
+    format: std::cell::Cell<Option<u32>>,
 }
 
 fn get<T: DeserializeOwned, V: StateView + ?Sized>(v: &V, key: &[u8]) -> Option<T> {
@@ -327,10 +331,24 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
                 super::command::LOG_FORMAT
             )));
         }
-        if format > query::log_format(&self.o) {
+        if format > self.log_format() {
             self.o.put(keys::META_LOG_FORMAT.to_vec(), encode(&format));
+            self.format.set(Some(format));
         }
         Ok(Response::Empty)
+    }
+
+    /// The cluster's active log format (`query::log_format`), read from the
+    /// state once per command.
+    fn log_format(&self) -> u32 {
+        match self.format.get() {
+            Some(f) => f,
+            None => {
+                let f = query::log_format(&self.o);
+                self.format.set(Some(f));
+                f
+            }
+        }
     }
 
     fn set_widths(&mut self, widths: &'a [(String, u32)]) -> Result<(), CommandError> {
@@ -453,7 +471,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         if let Some(first) = get::<Response, _>(&self.o, &keys::dedup(id)) {
             return Ok(first);
         }
-        if let Some(job_id) = created_job(plain).filter(|_| query::log_format(&self.o) >= 4) {
+        if let Some(job_id) = created_job(plain).filter(|_| self.log_format() >= 4) {
             if let Ok(job) = self.job(job_id) {
                 if self.recent_create_request(&job) == Some(id) {
                     return Ok(Response::Job(job));
@@ -1139,7 +1157,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// format 4: a member of an older release runs every missed
     /// occurrence, and replicas must decide alike.
     fn catch_up_cap(&self, job: &Job) -> Option<u32> {
-        let format_4 = query::log_format(&self.o) >= 4;
+        let format_4 = self.log_format() >= 4;
         job.catch_up_max
             .or(format_4.then_some(limits::CATCH_UP_DEFAULT))
     }
@@ -1168,6 +1186,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         self.effects.push(Effect::Ready(ReadyRun {
             run: run.id.clone(),
             attempt: run.attempt,
+            fired_at_ms: Some(run.fired_at_ms),
             group: run.group.clone(),
             priority: run.priority,
             timeout_ms: policy.timeout_ms,
@@ -1285,11 +1304,11 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// Whether `replace` waits for the runs it cancels to stop (see
     /// `Job::being_replaced`).
     fn replace_waits(&self) -> bool {
-        Job::replace_waits(query::log_format(&self.o))
+        Job::replace_waits(self.log_format())
     }
 
     fn being_replaced(&self, job: &Job) -> bool {
-        job.being_replaced(query::log_format(&self.o))
+        job.being_replaced(self.log_format())
     }
 
     /// Overlap `replace`: cancels at once the runs no worker holds, and asks
@@ -2023,7 +2042,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let Some(mut run) = self.live_attempt(&r.run, r.attempt)? else {
             return Ok(());
         };
-        if run.state == RunState::Pending && query::log_format(&self.o) >= 4 {
+        if run.state == RunState::Pending && self.log_format() >= 4 {
             // A fast worker's finish can commit before the leader's batched
             // Assign (which then finds the run ended and does nothing): the
             // finish is what shows the attempt was handed out. From log

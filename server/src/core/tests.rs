@@ -125,10 +125,11 @@ fn update(spec: JobSpec, expected_revision: u64, now_ms: i64) -> Command {
     Command::update_job(spec, expected_revision, now_ms)
 }
 
-fn ready(run: &RunId, attempt: u32, timeout_ms: u64) -> Effect {
+fn ready(run: &RunId, attempt: u32, timeout_ms: u64, fired_at_ms: i64) -> Effect {
     Effect::Ready(ReadyRun {
         run: run.clone(),
         attempt,
+        fired_at_ms: Some(fired_at_ms),
         group: "g".into(),
         priority: limits::DEFAULT_PRIORITY,
         timeout_ms,
@@ -322,7 +323,7 @@ fn fire_creates_pending_run_and_schedules_next_from_scheduled_time_not_now() {
         .contains(&Write::Put(keys::wheel(&occ("a", T0 + 2000)), vec![])));
     assert_eq!(sim.wheel(), vec![occ("a", T0 + 2000)]);
     assert_eq!(sim.job("a").next_fire_at_ms, Some(T0 + 2000));
-    let ready = ready(&run.id, 1, limits::DEFAULT_TIMEOUT_MS);
+    let ready = ready(&run.id, 1, limits::DEFAULT_TIMEOUT_MS, now);
     assert_eq!(
         a.effects,
         vec![ready, Effect::Scheduled(occ("a", T0 + 2000))]
@@ -928,7 +929,12 @@ fn retries_until(last: RunState, fail: fn(&mut Sim, &RunId, u32, i64) -> Applied
         assert_eq!(a.response, fired(1, 0));
         assert_eq!(
             a.effects,
-            vec![ready(&r, attempt + 1, limits::DEFAULT_TIMEOUT_MS)]
+            vec![ready(
+                &r,
+                attempt + 1,
+                limits::DEFAULT_TIMEOUT_MS,
+                sim.run(&r).fired_at_ms
+            )]
         );
         let run = sim.run(&r);
         assert_eq!((run.state, run.attempt), (RunState::Pending, attempt + 1));
@@ -1063,7 +1069,7 @@ fn overlap_buffer_one_starts_the_held_occurrence_when_the_active_run_ends() {
     let started = rid("a", T0 + 2000);
     let first = rid("a", T0 + 1000);
     let first_ended = ended(&first, 1);
-    let started_ready = ready(&started, 1, limits::DEFAULT_TIMEOUT_MS);
+    let started_ready = ready(&started, 1, limits::DEFAULT_TIMEOUT_MS, T0 + 2500);
     let succeeded = finished(&first, 1, "w1", RunState::Succeeded);
     assert_eq!(a.effects, vec![succeeded, first_ended, started_ready]);
     let run = sim.run(&started);
@@ -1089,7 +1095,7 @@ fn overlap_replace_before_log_format_4_cancels_the_active_run_and_starts_the_new
             },
             ended(&old, 1),
             finished(&old, 1, "", RunState::Cancelled),
-            ready(&new, 1, limits::DEFAULT_TIMEOUT_MS),
+            ready(&new, 1, limits::DEFAULT_TIMEOUT_MS, T0 + 2000),
             Effect::Scheduled(occ("a", T0 + 3000)),
         ]
     );
@@ -1114,7 +1120,7 @@ fn trigger_runs_now_with_a_note_and_keeps_next_fire() {
     );
     assert_eq!(
         a.effects,
-        vec![ready(&run.id, 1, limits::DEFAULT_TIMEOUT_MS)]
+        vec![ready(&run.id, 1, limits::DEFAULT_TIMEOUT_MS, T0 + 5000)]
     );
     assert_eq!(sim.job("a").next_fire_at_ms, Some(T0 + 60_000));
     assert_eq!(sim.wheel(), vec![occ("a", T0 + 60_000)]);

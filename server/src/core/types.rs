@@ -980,6 +980,10 @@ pub struct ActiveRun {
 pub struct ReadyRun {
     pub run: RunId,
     pub attempt: u32,
+    /// The run's fire time, when apply made the attempt ready; `None` when
+    /// the leader rebuilt it from the active-run table (the dispatcher then
+    /// reads it from the run record when it hands the attempt out).
+    pub fired_at_ms: Option<i64>,
     pub group: String,
     pub priority: u8,
     pub timeout_ms: u64,

@@ -179,21 +179,32 @@ async fn send_to_worker(node: &Node, out: &Outbound, m: ToWorker) -> bool {
             run,
             attempt,
             deadline_ms,
+            fired_at_ms,
+            shard_count,
         } => {
-            let (Some(r), Some(job)) = (node.sm.get_run(&run), node.sm.get_job(&run.job)) else {
+            let Some(job) = node.sm.get_job(&run.job) else {
                 return true; // deleted since: nothing to run
+            };
+            // Known from the fire that made the attempt ready, except after
+            // a leader change (rebuilt from the active-run table).
+            let known = fired_at_ms.map(|f| (f, shard_count));
+            let Some((fired_at_ms, shard_count)) = known.or_else(|| {
+                let r = node.sm.get_run(&run)?;
+                Some((r.fired_at_ms, r.shard_count))
+            }) else {
+                return true;
             };
             Out::Assignment(pb::Assignment {
                 run_id: run.to_string(),
                 job: run.job.clone(),
                 scheduled_at_ms: run.scheduled_at_ms,
-                fired_at_ms: r.fired_at_ms,
+                fired_at_ms,
                 attempt,
                 payload: job.payload,
                 deadline_ms,
                 fencing_token: format!("{run}#{attempt}"),
                 shard: run.shard,
-                shard_count: r.shard_count,
+                shard_count,
                 upstream_results: node.sm.upstream_results(&run),
             })
         }

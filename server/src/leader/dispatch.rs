@@ -46,10 +46,15 @@ pub const LEASE_MS: i64 = 5_000;
 /// A message for one connected worker's stream.
 #[derive(Debug, Clone)]
 pub enum ToWorker {
+    /// `fired_at_ms` and `shard_count` come from the ready attempt, so the
+    /// worker's session need not read the run record back (it does when
+    /// the attempt was rebuilt from the active-run table: `None`).
     Assign {
         run: RunId,
         attempt: u32,
         deadline_ms: i64,
+        fired_at_ms: Option<i64>,
+        shard_count: u32,
     },
     Cancel {
         run: RunId,
@@ -65,6 +70,7 @@ struct Queued {
     timeout_ms: u64,
     route: Route,
     shard_count: u32,
+    fired_at_ms: Option<i64>,
     /// When it became ready here (for the dispatch latency metric).
     ready_at: Instant,
 }
@@ -585,6 +591,7 @@ impl State {
             timeout_ms: r.timeout_ms,
             route: r.route,
             shard_count: r.shard_count,
+            fired_at_ms: r.fired_at_ms,
             ready_at: Instant::now(),
         });
         self.queued.insert(r.run);
@@ -635,6 +642,8 @@ impl State {
             run: item.run.clone(),
             attempt: item.attempt,
             deadline_ms,
+            fired_at_ms: item.fired_at_ms,
+            shard_count: item.shard_count,
         };
         if w.tx.try_send(msg).is_err() {
             w.capacity = 0;
@@ -676,6 +685,8 @@ fn ready_of(run: RunId, a: ActiveRun) -> ReadyRun {
     ReadyRun {
         run,
         attempt: a.attempt,
+        // The table does not hold it: the run record does.
+        fired_at_ms: None,
         group: a.group,
         priority: a.priority,
         timeout_ms: a.timeout_ms,
@@ -779,6 +790,7 @@ mod tests {
         ReadyRun {
             run,
             attempt,
+            fired_at_ms: Some(7),
             group: "g".into(),
             priority,
             timeout_ms,
@@ -911,6 +923,53 @@ mod tests {
         assert_eq!(handed[0].run.job, "p");
         assert!(d.expired(1099).is_empty());
         assert!(d.expired(1100).contains(&(rid("r", 1), 1)));
+    }
+
+    #[test]
+    fn an_assignment_carries_the_fire_time_apply_gave_and_none_for_a_rebuilt_attempt() {
+        let d = Dispatcher::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        d.register(info("w1", vec!["g".into()], BTreeMap::new(), 5), tx);
+        d.ready(ReadyRun {
+            fired_at_ms: Some(1_234),
+            shard_count: 3,
+            ..ready(rid("fresh", 1), 1, 5, 100)
+        });
+        assert_eq!(d.dispatch(0).len(), 1);
+        match rx.try_recv() {
+            Ok(ToWorker::Assign {
+                fired_at_ms,
+                shard_count,
+                ..
+            }) => assert_eq!((fired_at_ms, shard_count), (Some(1_234), 3)),
+            other => panic!("expected an assignment, got {other:?}"),
+        }
+        // A new leader's attempt from the active-run table: the worker
+        // session reads the fire time from the run record.
+        let pending = ActiveRun {
+            group: "g".into(),
+            priority: 5,
+            state: RunState::Pending,
+            attempt: 1,
+            timeout_ms: 100,
+            route: Route::LeastLoaded,
+            worker: String::new(),
+            shard_count: 2,
+        };
+        d.rebuild(vec![(rid("old", 1), pending)], 0);
+        assert_eq!(d.dispatch(0).len(), 1);
+        match rx.try_recv() {
+            Ok(ToWorker::Assign {
+                run,
+                fired_at_ms,
+                shard_count,
+                ..
+            }) => assert_eq!(
+                (run.job.as_str(), fired_at_ms, shard_count),
+                ("old", None, 2)
+            ),
+            other => panic!("expected an assignment, got {other:?}"),
+        }
     }
 
     #[test]

@@ -55,7 +55,12 @@ fn an_occurrence_fires_at_its_offset_never_before_and_its_run_keeps_the_nominal_
     assert_eq!((run.offset_ms, run.note.as_str()), (off as u64, ""));
     assert!(a.effects.contains(&Effect::Ready(ReadyRun {
         offset_ms: off as u64,
-        ..match ready(&rid("a", nominal), 1, limits::DEFAULT_TIMEOUT_MS) {
+        ..match ready(
+            &rid("a", nominal),
+            1,
+            limits::DEFAULT_TIMEOUT_MS,
+            nominal + off + 5,
+        ) {
             Effect::Ready(r) => r,
             _ => unreachable!(),
         }

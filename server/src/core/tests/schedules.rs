@@ -687,7 +687,7 @@ fn replace_waits_for_the_replaced_run_to_stop_and_then_starts_the_newest() {
     assert!(ack.effects.contains(&ended(&old, 1)));
     assert!(ack
         .effects
-        .contains(&ready(&started, 1, limits::DEFAULT_TIMEOUT_MS)));
+        .contains(&ready(&started, 1, limits::DEFAULT_TIMEOUT_MS, T0 + 3200)));
     assert_eq!(
         sim.run(&started).note,
         "overlap replace: started once the replaced run(s) stopped"
