@@ -94,6 +94,22 @@ impl Target {
 }
 
 /// Per-node CPU % (average between the two readings) and RSS at the second.
+/// The highest term any node reports (from /metrics on a local cluster,
+/// else from `status`): term changes between two readings are elections.
+pub async fn max_term(t: &Target, status: &kairos_client::Client) -> Option<u64> {
+    let local = t.metric("kairos_raft_term").await;
+    if !local.is_empty() {
+        return local.iter().map(|(_, term)| *term as u64).max();
+    }
+    let s = status.status().await.ok()?;
+    s.nodes.iter().map(|n| n.term).max()
+}
+
+/// Term changes between two [`max_term`] readings (an unknown reading counts none).
+pub fn elections(before: Option<u64>, after: Option<u64>) -> u64 {
+    after.zip(before).map_or(0, |(b, a)| b.saturating_sub(a))
+}
+
 pub fn report_nodes(r: &mut Report, before: &[(u64, ProcSample)], after: &[(u64, ProcSample)]) {
     for (id, b) in after {
         if let Some((_, a)) = before.iter().find(|(i, _)| i == id) {

@@ -22,7 +22,7 @@ use kairos_client::pb::schedule::Kind;
 use kairos_client::Client;
 use tonic::Code;
 
-use super::{report_lateness, report_nodes, report_writes, Target};
+use super::{elections, max_term, report_lateness, report_nodes, report_writes, Target};
 use crate::load::{self, create_jobs, spec, wall_ms, Attempts, CreateStats, Workers};
 use crate::stats::{summarize, Report};
 use crate::Opts;
@@ -188,7 +188,7 @@ async fn phase(
     let oneshots = tokio::time::timeout(SETTLE, feed).await;
     Ok(Phase {
         fires_per_s: received as f64 * 1000.0 / (w1 - w0).max(1) as f64,
-        elections: term1.zip(term0).map_or(0, |(b, a)| b.saturating_sub(a)),
+        elections: elections(term0, term1),
         backlog,
         allowance,
         applied_per_s: applied / dur.as_secs_f64(),
@@ -209,16 +209,6 @@ async fn apply_backlog(t: &Target) -> Option<i64> {
     (last.iter())
         .filter_map(|(id, l)| Some(*l as i64 - applied.iter().find(|(i, _)| i == id)?.1 as i64))
         .max()
-}
-
-/// The highest term any node reports (from /metrics on a local cluster).
-async fn max_term(t: &Target, status: &Client) -> Option<u64> {
-    let local = t.metric("kairos_raft_term").await;
-    if !local.is_empty() {
-        return local.iter().map(|(_, term)| *term as u64).max();
-    }
-    let s = status.status().await.ok()?;
-    s.nodes.iter().map(|n| n.term).max()
 }
 
 /// Creates one-shot timers due `ONESHOT_LEAD_MS` ahead at `rate`/s for

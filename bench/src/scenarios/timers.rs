@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kairos_client::pb::schedule::Kind;
 use kairos_client::Client;
 
-use super::Target;
+use super::{elections, max_term, Target};
 use crate::cluster::LocalCluster;
 use crate::load::{self, create_jobs, spec, wall_ms};
 use crate::stats::Report;
@@ -31,6 +31,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let clients = load::clients(&t.endpoints, o.clients).await?;
     tokio::time::sleep(SETTLE).await;
     let (rss0, disk0) = (t.samples(), t.disk());
+    let term0 = max_term(&t, &clients[0]).await;
     let base = wall_ms() + AHEAD_MS;
     eprintln!(
         "timers-1m: creating {count} timers with {} clients, {} calls in flight each",
@@ -85,8 +86,18 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
         r.set("rss_bytes_per_timer_max", rss_max);
         r.set("disk_bytes_per_timer_max", disk_max);
     }
+    // Elections while the timers were created and the cluster then idled:
+    // with the store this size, snapshots and flushes must not starve heartbeats.
+    let term1 = max_term(&t, &clients[0]).await;
+    r.set("elections", elections(term0, term1));
     match &t.local {
-        Some(c) => restart_follower(&mut r, c, &clients[0]).await?,
+        Some(c) => {
+            restart_follower(&mut r, c, &clients[0]).await?;
+            // A restarted follower should hear from the leader before its
+            // election timeout: any term change here is an election it caused.
+            let term2 = max_term(&t, &clients[0]).await;
+            r.set("elections_around_restart", elections(term1, term2));
+        }
         None => r.note("no RSS, disk or restart numbers: not a local cluster"),
     }
     Ok(r)
