@@ -151,7 +151,25 @@ struct Inner {
     /// Why this node stopped applying (an entry or snapshot it does not
     /// read), for `LocalStatus`: Raft stops there, the process serves on.
     refusal: std::sync::Mutex<Option<String>>,
+    /// The last state digest taken, for `digest`.
+    last_digest: parking_lot::Mutex<Option<TakenDigest>>,
+    /// Digests computed since open (each a pass over the whole state).
+    digests_taken: AtomicU64,
 }
+
+/// A state digest and when, at which index and how fast it was taken.
+#[derive(Clone)]
+struct TakenDigest {
+    index: u64,
+    hex: String,
+    at: std::time::Instant,
+    took: std::time::Duration,
+}
+
+/// A digest is taken again no sooner than this many times its last
+/// duration: hashing holds the apply lock, so callers asking in a loop
+/// (`cluster status`) get the last one instead of stalling apply.
+const DIGEST_SPACING: u32 = 4;
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_state_machine(openraft::AnyError::new(&e)).into()
@@ -199,6 +217,8 @@ impl StateMachine {
             pending_timers,
             watch,
             refusal: std::sync::Mutex::default(),
+            last_digest: parking_lot::Mutex::new(None),
+            digests_taken: AtomicU64::new(0),
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -475,25 +495,52 @@ impl StateMachine {
             .collect()
     }
 
-    /// SHA-256 over the whole replicated state, taken under the apply lock.
+    /// SHA-256 over the whole replicated state and the index it reflects,
+    /// taken under the apply lock and hashed on a blocking thread. The last
+    /// one is returned again while nothing was applied since, or while it is
+    /// younger than `DIGEST_SPACING` times the time it took to take.
     pub async fn digest(&self) -> (u64, String) {
         let _g = self.inner.apply_lock.lock().await;
+        let index = self.last_applied().map_or(0, |l| l.index);
+        if let Some(d) = self.inner.last_digest.lock().clone() {
+            let fresh = d.index == index || d.at.elapsed() < d.took * DIGEST_SPACING;
+            if fresh {
+                return (d.index, d.hex);
+            }
+        }
+        // Hashing a large state takes seconds: off the async workers, or
+        // this node stops answering heartbeats and votes meanwhile.
+        let sm = self.clone();
+        let start = std::time::Instant::now();
+        let hex = match tokio::task::spawn_blocking(move || sm.hash_state()).await {
+            Ok(Ok(hex)) => hex,
+            Ok(Err(e)) => return (0, format!("error: {e}")),
+            Err(e) => return (0, format!("error: {e}")),
+        };
+        self.inner.digests_taken.fetch_add(1, Ordering::Relaxed);
+        *self.inner.last_digest.lock() = Some(TakenDigest {
+            index,
+            hex: hex.clone(),
+            at: std::time::Instant::now(),
+            took: start.elapsed(),
+        });
+        (index, hex)
+    }
+
+    /// SHA-256 over every state pair in key order, after a flush. Callers
+    /// hold the apply lock.
+    fn hash_state(&self) -> Result<String, sled::Error> {
         if let Err(e) = self.flush_dirty() {
             tracing::error!("flushing applied state: {e}");
         }
         let mut h = Sha256::new();
-        let res = self.inner.tree.for_each(&mut |k, v| {
+        self.inner.tree.for_each(&mut |k, v| {
             h.update((k.len() as u64).to_be_bytes());
             h.update(k);
             h.update((v.len() as u64).to_be_bytes());
             h.update(v);
-        });
-        if let Err(e) = res {
-            return (0, format!("error: {e}"));
-        }
-        let idx = self.last_applied().map(|l| l.index).unwrap_or(0);
-        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        (idx, hex)
+        })?;
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
     }
 
     /// Applies `entries` in order into memory and returns their responses
@@ -1075,6 +1122,56 @@ mod tests {
                 .into(),
             ),
         }
+    }
+
+    /// `cluster status` asks every node for a digest. With a million
+    /// timers hashing takes seconds: done on the async workers it stopped
+    /// this node's heartbeats and votes, and elections followed.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_digest_is_hashed_off_the_async_workers_and_not_taken_again_for_the_same_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open_windowed(dir.path());
+        sm.apply((1..=3).map(create)).await.unwrap();
+        // Bulk state straight into the tree: enough that hashing takes a while.
+        let mut batch = sled::Batch::default();
+        for i in 0..50_000u32 {
+            batch.insert(
+                [b"zbulk".as_slice(), &i.to_be_bytes()].concat(),
+                vec![7u8; 64],
+            );
+        }
+        sm.inner.tree.apply_batch(batch).unwrap();
+        // The only worker thread ticks while the digest is taken.
+        let ticks = Arc::new(AtomicU64::new(0));
+        let ticker = tokio::spawn({
+            let ticks = ticks.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        tokio::task::yield_now().await;
+        let before = ticks.load(Ordering::Relaxed);
+        let (index, first) = sm.digest().await;
+        let during = ticks.load(Ordering::Relaxed) - before;
+        ticker.abort();
+        assert_eq!(index, 3);
+        assert_eq!(first.len(), 64, "{first}");
+        assert!(during > 0, "the async worker was blocked while hashing");
+        assert_eq!(sm.inner.digests_taken.load(Ordering::Relaxed), 1);
+        // Nothing applied since: the same digest, not another pass.
+        assert_eq!(sm.digest().await, (3, first.clone()));
+        assert_eq!(sm.inner.digests_taken.load(Ordering::Relaxed), 1);
+        // Applied since, and long enough after the last one: taken again.
+        sm.apply([create(4)]).await.unwrap();
+        let took = sm.inner.last_digest.lock().as_ref().unwrap().took;
+        tokio::time::sleep(took * DIGEST_SPACING).await;
+        let (index, second) = sm.digest().await;
+        assert_eq!(index, 4);
+        assert_ne!(second, first);
+        assert_eq!(sm.inner.digests_taken.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]
