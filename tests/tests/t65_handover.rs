@@ -59,15 +59,26 @@ fn kairosctl_json(cluster: &Cluster, args: &[&str]) -> serde_json::Value {
 
 /// A direct peer `Elect` call to node `to`, claiming to come from node `from`.
 async fn elect(cluster: &Cluster, to: u64, from: u64, min: u64) -> tonic::Status {
-    let mut peer = PeerClient::new(channel(&cluster.node(to).peer).unwrap());
-    let mut req = tonic::Request::new(ElectRequest {
-        min_last_log_index: min,
-    });
-    req.metadata_mut()
-        .insert("x-kairos-node", from.to_string().parse().unwrap());
-    peer.elect(req)
-        .await
-        .expect_err("a refused election request")
+    // A node just started (a learner added a moment ago) may not listen
+    // yet: its refusal is what is asked for, not a failed connection.
+    wait_for(
+        &format!("node {to} answering an election request"),
+        Duration::from_secs(60),
+        || async {
+            let mut peer = PeerClient::new(channel(&cluster.node(to).peer).unwrap());
+            let mut req = tonic::Request::new(ElectRequest {
+                min_last_log_index: min,
+            });
+            req.metadata_mut()
+                .insert("x-kairos-node", from.to_string().parse().unwrap());
+            let e = peer
+                .elect(req)
+                .await
+                .expect_err("a refused election request");
+            (e.code() != Code::Unavailable).then_some(e)
+        },
+    )
+    .await
 }
 
 fn log_of(cluster: &Cluster, id: u64) -> String {
