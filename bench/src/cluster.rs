@@ -419,11 +419,5 @@ async fn answers_reads(client: &Client) -> bool {
         page_size: 1,
         ..Default::default()
     };
-    let res = client
-        .jobs(|mut j| {
-            let r = req.clone();
-            async move { j.list_jobs(r).await }
-        })
-        .await;
-    res.is_ok()
+    client.list_jobs(req).await.is_ok()
 }

@@ -454,6 +454,18 @@ impl Client {
             .await
     }
 
+    /// One page of `Jobs.ListJobs` (page on with its `next_page_token`).
+    pub async fn list_jobs(
+        &self,
+        req: pb::ListJobsRequest,
+    ) -> Result<pb::ListJobsResponse, Status> {
+        self.jobs(|mut j| {
+            let r = req.clone();
+            async move { j.list_jobs(r).await }
+        })
+        .await
+    }
+
     /// Runs of `job` in scheduled order, paging through the server's pages up to `limit`.
     pub async fn list_runs(&self, job: &str, limit: usize) -> Result<Vec<pb::Run>, Status> {
         let mut out = Vec::new();

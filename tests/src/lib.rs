@@ -628,13 +628,7 @@ pub async fn job_ids(c: &Client, prefix: &str) -> std::collections::BTreeSet<Str
             id_prefix: prefix.into(),
             ..Default::default()
         };
-        let page = c
-            .jobs(|mut j| {
-                let r = req.clone();
-                async move { j.list_jobs(r).await }
-            })
-            .await
-            .expect("list jobs");
+        let page = c.list_jobs(req).await.expect("list jobs");
         out.extend(page.jobs.into_iter().map(|j| j.spec.unwrap_or_default().id));
         if page.next_page_token.is_empty() {
             return out;

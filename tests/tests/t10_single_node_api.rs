@@ -341,13 +341,7 @@ async fn cas_pause_resume_trigger_preview_and_pages() {
             page_token: token.clone(),
             ..Default::default()
         };
-        let page = c
-            .jobs(|mut j| {
-                let r = req.clone();
-                async move { j.list_jobs(r).await }
-            })
-            .await
-            .unwrap();
+        let page = c.list_jobs(req).await.unwrap();
         ids.extend(page.jobs.iter().map(|j| j.spec.clone().unwrap().id));
         if page.next_page_token.is_empty() {
             break;

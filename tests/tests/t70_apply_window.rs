@@ -43,13 +43,7 @@ async fn kill_every_node_before_the_flush_and_the_log_brings_the_state_back() {
             page_size: 100,
             ..Default::default()
         };
-        let page = c
-            .jobs(|mut j| {
-                let r = req.clone();
-                async move { j.list_jobs(r).await }
-            })
-            .await
-            .ok()?;
+        let page = c.list_jobs(req).await.ok()?;
         let ids: Vec<String> = page
             .jobs
             .into_iter()

@@ -1367,12 +1367,7 @@ pub(crate) async fn list_jobs(
             page_token: token.clone(),
             ..filter.clone()
         };
-        let page = c
-            .jobs(|mut j| {
-                let r = req.clone();
-                async move { j.list_jobs(r).await }
-            })
-            .await?;
+        let page = c.list_jobs(req).await?;
         jobs.extend(page.jobs);
         if page.next_page_token.is_empty() {
             break;
