@@ -13,6 +13,7 @@ pub mod grpc;
 pub mod handover;
 pub mod http;
 pub mod leader;
+pub mod logsink;
 pub mod membership;
 pub mod metrics;
 pub mod node;

@@ -103,6 +103,7 @@ pub struct Metrics {
     watchers: Gauge,
     watch_oldest_index: Gauge,
     otel_spans_dropped: Counter,
+    log_lines_dropped: Counter,
     /// One scrape at a time: levels are cleared and re-read, counters kept
     /// elsewhere are caught up.
     rendering: Mutex<()>,
@@ -153,6 +154,7 @@ impl Metrics {
             watchers: Gauge::default(),
             watch_oldest_index: Gauge::default(),
             otel_spans_dropped: Counter::default(),
+            log_lines_dropped: Counter::default(),
             rendering: Mutex::new(()),
         };
         m.register()
@@ -330,6 +332,11 @@ impl Metrics {
             "Spans this process dropped instead of exporting over OTLP (queue full or export failed)",
             self.otel_spans_dropped.clone(),
         );
+        r.register(
+            "kairos_log_lines_dropped",
+            "Log lines this process dropped because its log writer fell behind (stderr not draining)",
+            self.log_lines_dropped.clone(),
+        );
         self
     }
 
@@ -444,6 +451,7 @@ impl Metrics {
         catch_up(&self.refused_writes, node.admission.refused_total());
         catch_up(&self.state_writes, node.sm.writes_total());
         catch_up(&self.otel_spans_dropped, crate::otel::spans_dropped());
+        catch_up(&self.log_lines_dropped, crate::logsink::dropped_total());
         self.unflushed_keys
             .set(int(node.sm.unflushed_keys() as u64));
         let watch = node.sm.watch();

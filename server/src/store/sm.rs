@@ -728,7 +728,8 @@ impl StateMachine {
 /// the joint entry before it proposes the second one, so a change is cut
 /// between its two steps exactly.
 fn crash_now(why: &str) {
-    tracing::error!("failpoint: SIGKILL after it {why}");
+    // Straight to stderr: a line queued for the log writer would die with the process.
+    eprintln!("failpoint: SIGKILL after it {why}");
     let me = rustix::process::getpid();
     let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kairos_server::admission::Bounds;
-use kairos_server::{otel, run, Config};
+use kairos_server::{logsink, otel, run, Config};
 
 mod config;
 mod playground;
@@ -278,14 +278,17 @@ enum LogFormat {
 fn init_logging(
     format: LogFormat,
     otlp: Option<&otel::Export>,
+    sink: logsink::Sink,
 ) -> anyhow::Result<Option<otel::Flush>> {
+    use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{filter, fmt, Layer};
 
     let filter = filter::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,openraft=warn,sled=warn,h2=warn,tower=warn".into());
-    let logs = fmt::layer().with_writer(std::io::stderr);
+    // Colours for a person at a terminal, never escape codes in a log file.
+    let logs = (fmt::layer().with_writer(sink)).with_ansi(std::io::stderr().is_terminal());
     let logs = match format {
         LogFormat::Text => logs.with_filter(filter).boxed(),
         LogFormat::Json => logs
@@ -493,11 +496,13 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve(a) => (a.log_format, otlp_export(a)?),
         _ => (LogFormat::Text, None),
     };
+    // Dropped last, after the runtime: what was logged is written before the process exits.
+    let (sink, _log_flush) = logsink::start(std::io::stderr());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let _in_rt = rt.enter();
-    let flush = init_logging(format, otlp.as_ref())?;
+    let flush = init_logging(format, otlp.as_ref(), sink)?;
     let done = run_cmd(&rt, cmd);
     // Queued spans are sent while the runtime still runs.
     if let Some(flush) = flush {
