@@ -4,8 +4,9 @@
 //! async worker cost the leader a few percent of its CPU, and a stderr
 //! that stops draining (a full pipe, a stuck log shipper) would have
 //! stopped the scheduler with it. Now a line is handed over in memory; the
-//! writer thread writes whatever has queued in one call, so a busy node
-//! makes few large writes and an idle one writes each line at once.
+//! writer thread writes whatever has queued in one call, then rests a few
+//! milliseconds, so a busy node makes a few hundred writes a second
+//! whatever its line rate, and a line is written within milliseconds.
 //!
 //! Limits: at most [`QUEUE_LINES`] lines wait. When the queue is full a
 //! line is dropped, counted (`kairos_log_lines_dropped_total`), and the
@@ -22,6 +23,10 @@ use std::time::Duration;
 pub const QUEUE_LINES: usize = 16_384;
 /// Bytes the writer gathers before one write.
 const WRITE_BYTES: usize = 64 << 10;
+/// After a write the writer rests this long before it looks for more, so a
+/// busy node wakes it a few hundred times a second, not once per line
+/// (on two shared cores a wake-up per line cost more than the write it saved).
+const LINGER: Duration = Duration::from_millis(5);
 /// How long [`Flush`] waits for the writer at exit.
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
 
@@ -95,8 +100,12 @@ fn write_lines<W: Write>(rx: Receiver<Msg>, mut out: W) {
         // Nowhere to report a failing stderr: the lines are lost either way.
         let _ = out.write_all(&buf).and_then(|()| out.flush());
         buf.clear();
+        let flushed = !waiting.is_empty();
         for done in waiting.drain(..) {
             let _ = done.send(());
+        }
+        if !flushed {
+            std::thread::sleep(LINGER);
         }
     }
 }
