@@ -247,7 +247,10 @@ mod tests {
         line(&sink, "first\n");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while out.entered.load(Ordering::Relaxed) == 0 {
-            assert!(std::time::Instant::now() < deadline, "the writer never wrote");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never wrote"
+            );
             std::thread::yield_now();
         }
         for i in 0..50 {
