@@ -62,14 +62,14 @@ fn start_with<W: Write + Send + 'static>(out: W, queue: usize) -> (Sink, Flush) 
     let (tx, rx) = mpsc::sync_channel(queue);
     std::thread::Builder::new()
         .name("kairos-log".into())
-        .spawn(move || write_lines(rx, out))
+        .spawn(move || write_lines(rx, out, queue))
         .expect("spawning the log writer thread");
     (Sink { tx: tx.clone() }, Flush { tx })
 }
 
 /// The writer: blocks for a line, takes every line queued behind it (up
 /// to [`WRITE_BYTES`]), writes them in one call. Ends when every sender is gone.
-fn write_lines<W: Write>(rx: Receiver<Msg>, mut out: W) {
+fn write_lines<W: Write>(rx: Receiver<Msg>, mut out: W, queue: usize) {
     let mut buf = Vec::with_capacity(WRITE_BYTES);
     let mut reported = 0u64;
     let mut waiting = Vec::new();
@@ -92,8 +92,7 @@ fn write_lines<W: Write>(rx: Receiver<Msg>, mut out: W) {
             reported = dropped;
             let note = format!(
                 "kairos: {lost} log line(s) dropped: the log writer fell behind \
-                 (queue of {} lines full)\n",
-                QUEUE_LINES
+                 (queue of {queue} lines full)\n"
             );
             buf.extend_from_slice(note.as_bytes());
         }

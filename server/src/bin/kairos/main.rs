@@ -288,7 +288,9 @@ fn init_logging(
     let filter = filter::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,openraft=warn,sled=warn,h2=warn,tower=warn".into());
     // Colours for a person at a terminal, never escape codes in a log file.
-    let logs = (fmt::layer().with_writer(sink)).with_ansi(std::io::stderr().is_terminal());
+    let logs = fmt::layer()
+        .with_writer(sink)
+        .with_ansi(std::io::stderr().is_terminal());
     let logs = match format {
         LogFormat::Text => logs.with_filter(filter).boxed(),
         LogFormat::Json => logs
