@@ -232,6 +232,8 @@ pub struct CreateStats {
     pub skipped: u64,
     pub first_error: Option<String>,
     pub elapsed: Duration,
+    /// Answer time of every call that got an answer (ok or not), in ms.
+    pub answer_ms: Vec<i64>,
 }
 
 impl CreateStats {
@@ -253,20 +255,26 @@ pub async fn create_jobs(
         let c = clients[i % clients.len()].clone();
         async move {
             if Instant::now() >= deadline {
-                return Err(None);
+                return (Err(None), 0);
             }
             let req = pb::CreateJobRequest { spec: Some(spec) };
-            c.jobs(|mut j| {
-                let r = req.clone();
-                async move { j.create_job(r).await }
-            })
-            .await
-            .map_err(Some)
+            let asked = Instant::now();
+            let r = c
+                .jobs(|mut j| {
+                    let r = req.clone();
+                    async move { j.create_job(r).await }
+                })
+                .await
+                .map_err(Some);
+            (r, asked.elapsed().as_millis() as i64)
         }
     });
     let mut stream = futures::stream::iter(calls).buffer_unordered(concurrency.max(1));
     let mut st = CreateStats::default();
-    while let Some(r) = stream.next().await {
+    while let Some((r, ms)) = stream.next().await {
+        if !matches!(r, Err(None)) {
+            st.answer_ms.push(ms);
+        }
         match r {
             Ok(_) => st.ok += 1,
             Err(None) => st.skipped += 1,

@@ -48,6 +48,11 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     r.set("create_skipped_time_limit", cs.skipped);
     r.set("create_s", cs.elapsed.as_secs_f64());
     r.set("creates_per_s", cs.per_s());
+    // Apply stalls (a snapshot or digest of the whole state) show here.
+    r.summary(
+        "create_answer_ms",
+        crate::stats::summarize(&mut cs.answer_ms.clone()),
+    );
     r.set("clients", o.clients as u64);
     r.set("pipeline", u64::from(o.pipeline));
     if let Some(e) = &cs.first_error {

@@ -8,8 +8,9 @@
 //! openraft applies the log again from the persisted `last_applied` (the
 //! log store keeps the committed index), and the log is only purged up to
 //! a snapshot, which is built from flushed state. Snapshots and digests
-//! are taken under the apply lock after a flush, so they are a
-//! point-in-time view at `last_applied`; snapshot files are streamed
+//! flush, then read sled held still ([`Frozen`]: flushes put off, apply
+//! going on into memory), so they are a point-in-time view at the persisted
+//! `last_applied` that does not stop apply; snapshot files are streamed
 //! (`snapfile`), never held whole in memory.
 
 use std::path::{Path, PathBuf};
@@ -79,6 +80,9 @@ pub struct Options {
     pub flush_ms: u64,
     /// Events the watch ring holds (`--watch-events`).
     pub watch_events: usize,
+    /// Keys and bytes apply holds in memory while sled is held still
+    /// ([`FROZEN_KEYS`], [`FROZEN_BYTES`]; smaller only in tests).
+    pub frozen_limits: (usize, usize),
 }
 
 impl Default for Options {
@@ -88,6 +92,7 @@ impl Default for Options {
             metrics: Arc::default(),
             flush_ms: FLUSH_MS_DEFAULT,
             watch_events: crate::watch::RING_EVENTS_DEFAULT,
+            frozen_limits: (FROZEN_KEYS, FROZEN_BYTES),
         }
     }
 }
@@ -100,6 +105,13 @@ pub const FLUSH_MS_MAX: u64 = 60_000;
 pub const FLUSH_KEYS: usize = 4_096;
 /// Applied bytes (keys and values) held in memory after which apply flushes at once.
 pub const FLUSH_BYTES: usize = 32 << 20;
+/// Applied keys held in memory while sled is held still for a snapshot or
+/// a digest ([`Frozen`]), after which apply waits for it to be let go: the
+/// flush that follows is one atomic sled batch, and sled's batch lock is
+/// process-wide, so this bounds how long the Raft log's appends wait then.
+pub const FROZEN_KEYS: usize = 131_072;
+/// Applied bytes held in memory while sled is held still, after which apply waits.
+pub const FROZEN_BYTES: usize = 128 << 20;
 
 /// Applied state not yet in sled: the net writes of the entries applied
 /// since the last flush, `last_applied` and the membership among them.
@@ -124,6 +136,11 @@ impl Dirty {
     fn full(&self) -> bool {
         self.pending.len() >= FLUSH_KEYS || self.bytes >= FLUSH_BYTES
     }
+
+    /// Past what may be held while sled is held still ([`FROZEN_KEYS`]).
+    fn over(&self, limits: (usize, usize)) -> bool {
+        self.pending.len() >= limits.0 || self.bytes >= limits.1
+    }
 }
 
 #[derive(Clone)]
@@ -136,6 +153,19 @@ struct Inner {
     tree: sled::Tree,
     snapshot_path: PathBuf,
     apply_lock: Mutex<()>,
+    /// Held by whoever reads sled held still ([`Frozen`]: snapshot builds,
+    /// digests) or replaces it (install, the final flush); taken before
+    /// `apply_lock`, never after it.
+    freeze_lock: Arc<Mutex<()>>,
+    /// Set while sled is held still: flushes are put off and apply goes on
+    /// into memory, up to `frozen_limits`.
+    frozen: std::sync::atomic::AtomicBool,
+    /// Keys and bytes held in memory while frozen before apply waits.
+    frozen_limits: (usize, usize),
+    /// Where apply waits for the freeze to end, past `frozen_limits`.
+    thaw: (parking_lot::Mutex<()>, parking_lot::Condvar),
+    /// Times apply waited for a freeze to end (for tests and the log).
+    frozen_waits: AtomicU64,
     effects: broadcast::Sender<EffectBatch>,
     /// Applied and not yet flushed; written only under the apply lock.
     dirty: parking_lot::RwLock<Dirty>,
@@ -209,6 +239,11 @@ impl StateMachine {
             tree,
             snapshot_path,
             apply_lock: Mutex::new(()),
+            freeze_lock: Arc::new(Mutex::new(())),
+            frozen: Default::default(),
+            frozen_limits: opts.frozen_limits,
+            thaw: Default::default(),
+            frozen_waits: AtomicU64::new(0),
             effects,
             dirty: Default::default(),
             flush_ms: opts.flush_ms,
@@ -496,23 +531,30 @@ impl StateMachine {
     }
 
     /// SHA-256 over the whole replicated state and the index it reflects,
-    /// taken under the apply lock and hashed on a blocking thread. The last
-    /// one is returned again while nothing was applied since, or while it is
-    /// younger than `DIGEST_SPACING` times the time it took to take.
+    /// hashed on a blocking thread from sled held still ([`Frozen`]), so
+    /// apply goes on meanwhile. The last one is returned again while nothing
+    /// was applied since, or while it is younger than `DIGEST_SPACING` times
+    /// the time it took to take.
     pub async fn digest(&self) -> (u64, String) {
-        let _g = self.inner.apply_lock.lock().await;
-        let index = self.last_applied().map_or(0, |l| l.index);
-        if let Some(d) = self.inner.last_digest.lock().clone() {
-            let fresh = d.index == index || d.at.elapsed() < d.took * DIGEST_SPACING;
-            if fresh {
-                return (d.index, d.hex);
+        let frozen = {
+            let serial = self.inner.freeze_lock.clone().lock_owned().await;
+            let index = self.last_applied().map_or(0, |l| l.index);
+            if let Some(d) = self.inner.last_digest.lock().clone() {
+                let fresh = d.index == index || d.at.elapsed() < d.took * DIGEST_SPACING;
+                if fresh {
+                    return (d.index, d.hex);
+                }
             }
-        }
+            match self.freeze(serial).await {
+                Ok(f) => f,
+                Err(e) => return (0, format!("error: {e}")),
+            }
+        };
+        let index = frozen.applied.map_or(0, |l| l.index);
         // Hashing a large state takes seconds: off the async workers, or
         // this node stops answering heartbeats and votes meanwhile.
-        let sm = self.clone();
         let start = std::time::Instant::now();
-        let hex = match tokio::task::spawn_blocking(move || sm.hash_state()).await {
+        let hex = match tokio::task::spawn_blocking(move || frozen.hash()).await {
             Ok(Ok(hex)) => hex,
             Ok(Err(e)) => return (0, format!("error: {e}")),
             Err(e) => return (0, format!("error: {e}")),
@@ -527,20 +569,56 @@ impl StateMachine {
         (index, hex)
     }
 
-    /// SHA-256 over every state pair in key order, after a flush. Callers
-    /// hold the apply lock.
-    fn hash_state(&self) -> Result<String, sled::Error> {
-        if let Err(e) = self.flush_dirty() {
-            tracing::error!("flushing applied state: {e}");
+    /// Holds sled still for a point-in-time read: under the apply lock, the
+    /// applied state is flushed and the flushes after it are put off until
+    /// the returned guard is dropped. Apply goes on into memory meanwhile
+    /// (up to `frozen_limits`), so a snapshot or digest of a large state
+    /// does not stall it. `serial` is the held `freeze_lock`.
+    async fn freeze(
+        &self,
+        serial: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Result<Frozen, StorageError> {
+        let _g = self.inner.apply_lock.lock().await;
+        let start = std::time::Instant::now();
+        let sm = self.clone();
+        blocking(move || sm.flush_dirty().map_err(std::io::Error::other)).await?;
+        self.inner.frozen.store(true, Ordering::Release);
+        Ok(Frozen {
+            sm: self.clone(),
+            _serial: serial,
+            applied: self.persisted_applied(),
+            membership: TreeView(&self.inner.tree)
+                .get(keys::META_MEMBERSHIP)
+                .and_then(|b| decode(&b).ok())
+                .unwrap_or_default(),
+            apply_held: start.elapsed(),
+        })
+    }
+
+    /// Waits, past the limits of what apply may hold in memory while sled
+    /// is held still, until it is let go. Runs on apply's blocking thread.
+    fn wait_for_room(&self) {
+        let (lock, thawed) = &self.inner.thaw;
+        let mut g = lock.lock();
+        let mut waited = false;
+        while self.inner.frozen.load(Ordering::Acquire)
+            && self
+                .inner
+                .dirty
+                .read_recursive()
+                .over(self.inner.frozen_limits)
+        {
+            if !waited {
+                waited = true;
+                self.inner.frozen_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            thawed.wait(&mut g);
         }
-        let mut h = Sha256::new();
-        self.inner.tree.for_each(&mut |k, v| {
-            h.update((k.len() as u64).to_be_bytes());
-            h.update(k);
-            h.update((v.len() as u64).to_be_bytes());
-            h.update(v);
-        })?;
-        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// Times apply waited for sled to be let go (`frozen_limits` reached).
+    pub fn frozen_waits(&self) -> u64 {
+        self.inner.frozen_waits.load(Ordering::Relaxed)
     }
 
     /// Applies `entries` in order into memory and returns their responses
@@ -560,6 +638,7 @@ impl StateMachine {
         };
         let mut entries = entries.into_iter().peekable();
         while entries.peek().is_some() {
+            self.wait_for_room();
             let net = self.apply_chunk(&mut entries, &mut out)?;
             let full = {
                 let mut dirty = self.inner.dirty.write();
@@ -579,8 +658,8 @@ impl StateMachine {
     }
 
     /// Applies entries from `entries` over the state until what it would
-    /// hold in memory reaches [`FLUSH_KEYS`]; returns the chunk's net writes
-    /// (with its `last_applied`).
+    /// hold in memory reaches [`FLUSH_KEYS`] (the frozen limit while sled is
+    /// held still); returns the chunk's net writes (with its `last_applied`).
     fn apply_chunk(
         &self,
         entries: &mut std::iter::Peekable<std::vec::IntoIter<Entry>>,
@@ -591,7 +670,11 @@ impl StateMachine {
         let state = Layered::new(&dirty.pending, &tree);
         let mut overlay = Overlay::new(&state);
         let mut last = None;
-        while last.is_none() || dirty.pending.len() + overlay.len() < FLUSH_KEYS {
+        let held = match self.inner.frozen.load(Ordering::Acquire) {
+            true => self.inner.frozen_limits.0,
+            false => FLUSH_KEYS,
+        };
+        while last.is_none() || dirty.pending.len() + overlay.len() < held {
             let Some(entry) = entries.next() else {
                 break;
             };
@@ -641,11 +724,15 @@ impl StateMachine {
     }
 
     /// Writes the applied state held in memory to sled in one atomic batch,
-    /// with the `last_applied` it reflects. Callers hold the apply lock (so
+    /// with the `last_applied` it reflects; put off (nothing written) while
+    /// sled is held still ([`Frozen`]). Callers hold the apply lock (so
     /// nothing is applied meanwhile); readers see the same state throughout.
     /// A sled batch holds sled's process-wide write lock, which the Raft
     /// log's appends wait on: [`FLUSH_KEYS`] bounds how long.
     fn flush_dirty(&self) -> Result<(), sled::Error> {
+        if self.inner.frozen.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let written = {
             let dirty = self.inner.dirty.read_recursive();
             if dirty.pending.is_empty() {
@@ -693,8 +780,10 @@ impl StateMachine {
         self.inner.dirty.read_recursive().pending.len()
     }
 
-    /// Flushes the applied state held in memory now (graceful shutdown).
+    /// Flushes the applied state held in memory now (graceful shutdown),
+    /// after any snapshot or digest holding sled still.
     pub async fn flush(&self) -> Result<(), StorageError> {
+        let _serial = self.inner.freeze_lock.lock().await;
         let _g = self.inner.apply_lock.lock().await;
         let sm = self.clone();
         tokio::task::spawn_blocking(move || sm.flush_dirty())
@@ -735,49 +824,93 @@ fn crash_now(why: &str) {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
-    /// Streams the state to `snapshot.tmp` under the apply lock (a
-    /// point-in-time view), then syncs it and renames it over `snapshot.bin`.
+    /// Streams the state to `snapshot.tmp` from sled held still at the
+    /// applied index (a point-in-time view; apply goes on into memory
+    /// meanwhile), then syncs it and renames it over `snapshot.bin`.
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let inner = self.inner.clone();
-        let tmp = inner.snapshot_path.with_extension("tmp");
-        let (writer, meta) = {
-            let _g = inner.apply_lock.lock().await;
-            // State must be in sled, and durable, before the log behind it
-            // may be purged: the snapshot's index is then the persisted one.
-            let sm = self.clone();
-            blocking(move || sm.flush_dirty().map_err(std::io::Error::other)).await?;
-            inner.db.flush_async().await.map_err(snap_err)?;
-            let last = self.last_applied();
-            let meta = SnapshotMeta {
-                snapshot_id: match &last {
-                    Some(l) => format!("{}-{}", l.leader_id.term, l.index),
-                    None => "0-0".into(),
-                },
-                last_log_id: last,
-                last_membership: self.membership(),
-            };
-            let (tree, tmp) = (inner.tree.clone(), tmp.clone());
-            blocking(move || {
-                let mut w = snapfile::Writer::create(&tmp, keys::STATE_VERSION, &meta)?;
-                for pair in tree.iter() {
-                    let (k, v) = pair.map_err(std::io::Error::other)?;
-                    w.pair(&k, &v)?;
-                }
-                Ok((w, meta))
-            })
-            .await?
+        let start = std::time::Instant::now();
+        let serial = self.inner.freeze_lock.clone().lock_owned().await;
+        let frozen = self.freeze(serial).await?;
+        // State must be in sled, and durable, before the log behind it
+        // may be purged: the snapshot's index is then the persisted one.
+        self.inner.db.flush_async().await.map_err(snap_err)?;
+        let meta = SnapshotMeta {
+            snapshot_id: match &frozen.applied {
+                Some(l) => format!("{}-{}", l.leader_id.term, l.index),
+                None => "0-0".into(),
+            },
+            last_log_id: frozen.applied,
+            last_membership: frozen.membership.clone(),
         };
-        let path = inner.snapshot_path.clone();
-        blocking(move || {
-            writer.finish()?;
+        let apply_held = frozen.apply_held;
+        let tmp = self.inner.snapshot_path.with_extension("tmp");
+        let path = self.inner.snapshot_path.clone();
+        let m = meta.clone();
+        let pairs = blocking(move || {
+            let mut w = snapfile::Writer::create(&tmp, keys::STATE_VERSION, &m)?;
+            for pair in frozen.sm.inner.tree.iter() {
+                let (k, v) = pair.map_err(std::io::Error::other)?;
+                w.pair(&k, &v)?;
+            }
+            // Every pair is in the file: sled may move again.
+            drop(frozen);
+            let pairs = w.finish()?;
             std::fs::rename(&tmp, &path)?;
-            sync_dir(&path)
+            sync_dir(&path)?;
+            Ok(pairs)
         })
         .await?;
+        tracing::info!(
+            index = meta.last_log_id.map_or(0, |l| l.index),
+            pairs,
+            took_ms = start.elapsed().as_millis() as u64,
+            apply_held_ms = apply_held.as_millis() as u64,
+            "snapshot built"
+        );
         Ok(Snapshot {
             meta,
             snapshot: Box::new(self.open_snapshot_data().await?),
         })
+    }
+}
+
+/// Sled's state tree held still for a point-in-time read
+/// ([`StateMachine::freeze`]): flushes are put off until this is dropped,
+/// so the tree holds exactly the state at `applied`.
+struct Frozen {
+    sm: StateMachine,
+    _serial: tokio::sync::OwnedMutexGuard<()>,
+    /// The index the tree reflects.
+    applied: Option<LogId>,
+    membership: StoredMembership,
+    /// How long taking it held the apply lock (the flush before it; not
+    /// the wait for the lock).
+    apply_held: std::time::Duration,
+}
+
+impl Frozen {
+    /// SHA-256 over every state pair in key order.
+    fn hash(&self) -> Result<String, sled::Error> {
+        let mut h = Sha256::new();
+        self.sm.inner.tree.for_each(&mut |k, v| {
+            h.update((k.len() as u64).to_be_bytes());
+            h.update(k);
+            h.update((v.len() as u64).to_be_bytes());
+            h.update(v);
+        })?;
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let inner = &self.sm.inner;
+        let (lock, thawed) = &inner.thaw;
+        {
+            let _g = lock.lock();
+            inner.frozen.store(false, Ordering::Release);
+        }
+        thawed.notify_all();
     }
 }
 
@@ -1019,6 +1152,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             ));
             return Err(snap_err(e));
         }
+        let _serial = self.inner.freeze_lock.lock().await;
         let _g = self.inner.apply_lock.lock().await;
         // The snapshot replaces the state, including what is held in memory.
         *self.inner.dirty.write() = Dirty::default();
@@ -1267,14 +1401,115 @@ mod tests {
         let mut sm = open_windowed(dir.path());
         sm.apply((1..=5).map(create)).await.unwrap();
         assert_eq!(sm.persisted_applied(), None);
-        let snap = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
+        let snap = build(&mut sm).await;
         assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(5));
         assert_eq!(sm.persisted_applied(), snap.meta.last_log_id);
+    }
+
+    async fn build(sm: &mut StateMachine) -> Snapshot {
+        let mut builder = sm.get_snapshot_builder().await;
+        builder.build_snapshot().await.unwrap()
+    }
+
+    /// Holds `sm`'s sled still, as a snapshot build or a digest does.
+    async fn freeze(sm: &StateMachine) -> Frozen {
+        let serial = sm.inner.freeze_lock.clone().lock_owned().await;
+        sm.freeze(serial).await.unwrap()
+    }
+
+    /// Before this, a snapshot build or digest held the apply lock while it
+    /// read the whole tree: at 1M timers apply stopped for seconds, and
+    /// every fire and create with it.
+    #[tokio::test]
+    async fn apply_goes_on_while_sled_is_held_still_and_the_held_tree_is_the_state_at_its_index() {
+        let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(dir.path());
+        let mut reference = open_windowed(ref_dir.path());
+        sm.apply((1..=5).map(create)).await.unwrap();
+        reference.apply((1..=5).map(create)).await.unwrap();
+        let frozen = freeze(&sm).await;
+        assert_eq!(frozen.applied.map(|l| l.index), Some(5));
+        sm.apply((6..=8).map(create)).await.unwrap();
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(8));
+        assert!(sm.get_job("job-8").is_some(), "read through memory");
+        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(5));
+        assert!(TreeView(&sm.inner.tree).get(&keys::job("job-6")).is_none());
+        assert_eq!(
+            frozen.hash().unwrap(),
+            reference.digest().await.1,
+            "the held tree is the state at index 5"
+        );
+        drop(frozen);
+        sm.flush().await.unwrap();
+        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(8));
+        reference.apply((6..=8).map(create)).await.unwrap();
+        assert_eq!(sm.digest().await, reference.digest().await);
+        assert_eq!(sm.frozen_waits(), 0);
+    }
+
+    #[tokio::test]
+    async fn past_the_frozen_limits_apply_waits_for_sled_to_be_let_go_then_flushes() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options {
+            flush_ms: FLUSH_MS_MAX,
+            frozen_limits: (10, usize::MAX),
+            ..Default::default()
+        };
+        let (_, mut sm) = super::super::open(dir.path(), 8 << 20, opts).unwrap();
+        sm.apply([create(1)]).await.unwrap();
+        let frozen = freeze(&sm).await;
+        let applying = tokio::spawn({
+            let mut sm = sm.clone();
+            async move { sm.apply((2..=40).map(create)).await.map(|r| r.len()) }
+        });
+        while sm.frozen_waits() == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(!applying.is_finished(), "apply waits while sled is held");
+        let held = sm.unflushed_keys();
+        assert!((10..40).contains(&held), "{held} keys held in memory");
+        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(1));
+        drop(frozen);
+        assert_eq!(applying.await.unwrap().unwrap(), 39);
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(40));
+        sm.flush().await.unwrap();
+        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(40));
+        assert_eq!(sm.list_jobs("", 100).len(), 40);
+    }
+
+    /// A snapshot built while entries are applied holds the state at its
+    /// own index exactly: job-1 ..= job-N and `last_applied` N.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_built_while_entries_apply_is_the_state_at_its_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open_windowed(dir.path());
+        sm.apply((1..=200).map(create)).await.unwrap();
+        let applying = tokio::spawn({
+            let mut sm = sm.clone();
+            async move {
+                for i in 201..=600 {
+                    sm.apply([create(i)]).await.unwrap();
+                }
+            }
+        });
+        let snap = build(&mut sm).await;
+        applying.await.unwrap();
+        let index = snap.meta.last_log_id.unwrap().index;
+        assert!(index >= 200);
+        let mut reader = snapfile::Reader::open(&sm.snapshot_file()).unwrap();
+        let (mut jobs, mut last) = (std::collections::BTreeSet::new(), None);
+        while let Some((k, v)) = reader.next_pair().unwrap() {
+            if k.first() == Some(&keys::JOB) {
+                jobs.insert(String::from_utf8(k[1..].to_vec()).unwrap());
+            } else if k == keys::META_LAST_APPLIED {
+                last = decode::<LogId>(&v).ok();
+            }
+        }
+        assert_eq!(last, snap.meta.last_log_id);
+        let want: std::collections::BTreeSet<String> =
+            (1..=index).map(|i| format!("job-{i}")).collect();
+        assert_eq!(jobs, want);
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(600));
     }
 
     /// The (index, seq, job) of every event `sm` holds from `from` on.
@@ -1326,12 +1561,7 @@ mod tests {
     async fn node_with_snapshot(dir: &Path, jobs: u64) -> (StateMachine, Snapshot) {
         let mut sm = open(dir);
         sm.apply((1..=jobs).map(create)).await.unwrap();
-        let snap = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
+        let snap = build(&mut sm).await;
         (sm, snap)
     }
 
