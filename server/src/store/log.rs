@@ -198,13 +198,87 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
+    /// Records the purged id, then deletes the entries up to it from the
+    /// front in batches of [`PURGE_BATCH`] (a crash between them leaves a
+    /// shorter prefix removed, never a hole). Entries are contiguous from
+    /// the first, so their keys are computed, not read: openraft's core
+    /// awaits the purge, and reading the ~10,000 entries behind a snapshot
+    /// (tens of MB under load) held it past the heartbeat timeout, on every
+    /// node at every snapshot.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.meta_put(KEY_PURGED, &log_id).await?;
-        let end = log_id.index.saturating_add(1).to_be_bytes();
-        let rows =
-            KvTree::range(&*self.log, &0u64.to_be_bytes(), &end, usize::MAX).map_err(read_err)?;
-        let writes: Vec<Write> = rows.into_iter().map(|(k, _)| Write::Delete(k)).collect();
-        KvTree::apply(&*self.log, &writes).map_err(write_err)?;
-        Ok(())
+        let Some(first) = self.first_index() else {
+            return Ok(());
+        };
+        let log = self.log.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut from = first;
+            while from <= log_id.index {
+                let to = from
+                    .saturating_add(PURGE_BATCH)
+                    .min(log_id.index.saturating_add(1));
+                let mut batch = sled::Batch::default();
+                for i in from..to {
+                    batch.remove(&i.to_be_bytes());
+                }
+                log.apply_batch(batch)?;
+                if to == from {
+                    break;
+                }
+                from = to;
+            }
+            Ok::<_, sled::Error>(())
+        })
+        .await
+        .map_err(write_err)?
+        .map_err(write_err)
+    }
+}
+
+/// Entries a purge deletes per sled batch.
+const PURGE_BATCH: u64 = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn entry(i: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    /// Entries `from..=to` written straight into the log tree.
+    fn fill(store: &LogStore, from: u64, to: u64) {
+        let writes: Vec<Write> = (from..=to)
+            .map(|i| Write::Put(i.to_be_bytes().to_vec(), encode(&entry(i))))
+            .collect();
+        KvTree::apply(&*store.log, &writes).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_purge_removes_exactly_the_prefix_in_batches_and_records_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(sled::open(dir.path()).unwrap());
+        let mut store = LogStore::open(db, Arc::default()).unwrap();
+        fill(&store, 7, 3_000);
+        store.purge(entry(2_500).log_id).await.unwrap();
+        assert_eq!(store.first_index(), Some(2_501));
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(2_500));
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(3_000));
+        let kept = store.try_get_log_entries(0..u64::MAX).await.unwrap();
+        let want: Vec<u64> = (2_501..=3_000).collect();
+        assert_eq!(
+            kept.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            want
+        );
+        // Past the last entry: the log is empty, its last id the purged one.
+        store.purge(entry(3_100).log_id).await.unwrap();
+        assert_eq!(store.first_index(), None);
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(3_100));
     }
 }
