@@ -106,23 +106,35 @@ pub const FLUSH_KEYS: usize = 4_096;
 /// Applied bytes (keys and values) held in memory after which apply flushes at once.
 pub const FLUSH_BYTES: usize = 32 << 20;
 /// Applied keys held in memory while sled is held still for a snapshot or
-/// a digest ([`Frozen`]), after which apply waits for it to be let go: the
-/// flush that follows is one atomic sled batch, and sled's batch lock is
-/// process-wide, so this bounds how long the Raft log's appends wait then.
+/// a digest ([`Frozen`]), after which apply waits for it to be let go.
+/// What is held then reaches sled one chunk (at most [`FLUSH_KEYS`] plus
+/// an entry) per atomic batch, as it would have without the hold.
 pub const FROZEN_KEYS: usize = 131_072;
-/// Applied bytes held in memory while sled is held still, after which apply waits.
+/// Applied bytes held in memory while sled is held still, after which
+/// apply waits (the chunks waiting to be flushed hold as much again).
 pub const FROZEN_BYTES: usize = 128 << 20;
 
 /// Applied state not yet in sled: the net writes of the entries applied
 /// since the last flush, `last_applied` and the membership among them.
 #[derive(Default)]
 struct Dirty {
+    /// Every unflushed write, newest value per key: what reads go through.
     pending: Pending,
     bytes: usize,
+    /// The chunks applied while sled was held still, oldest first, each
+    /// with its own `last_applied`: flushed one atomic batch each after,
+    /// so no single batch holds sled's lock for all of them. Empty
+    /// otherwise (then `pending` is flushed whole).
+    chunks: std::collections::VecDeque<Pending>,
 }
 
 impl Dirty {
-    fn merge(&mut self, net: Pending) {
+    /// Adds a chunk's net writes; `queued`: kept as a chunk of its own too
+    /// (sled held still, or chunks from then not flushed yet).
+    fn merge(&mut self, net: Pending, queued: bool) {
+        if queued || !self.chunks.is_empty() {
+            self.chunks.push_back(net.clone());
+        }
         let size = |k: &[u8], v: &Option<Vec<u8>>| k.len() + v.as_ref().map_or(0, Vec::len);
         for (k, v) in net {
             self.bytes += size(&k, &v);
@@ -642,7 +654,7 @@ impl StateMachine {
             let net = self.apply_chunk(&mut entries, &mut out)?;
             let full = {
                 let mut dirty = self.inner.dirty.write();
-                dirty.merge(net);
+                dirty.merge(net, self.inner.frozen.load(Ordering::Acquire));
                 dirty.full() || self.inner.flush_ms == 0
             };
             // Callers hold the apply lock: a snapshot install cannot come between.
@@ -658,8 +670,10 @@ impl StateMachine {
     }
 
     /// Applies entries from `entries` over the state until what it would
-    /// hold in memory reaches [`FLUSH_KEYS`] (the frozen limit while sled is
-    /// held still); returns the chunk's net writes (with its `last_applied`).
+    /// hold in memory reaches [`FLUSH_KEYS`]; while sled is held still,
+    /// until the chunk itself does (it is flushed on its own later) or what
+    /// is held reaches the frozen limit. Returns the chunk's net writes
+    /// (with its `last_applied`).
     fn apply_chunk(
         &self,
         entries: &mut std::iter::Peekable<std::vec::IntoIter<Entry>>,
@@ -670,11 +684,16 @@ impl StateMachine {
         let state = Layered::new(&dirty.pending, &tree);
         let mut overlay = Overlay::new(&state);
         let mut last = None;
-        let held = match self.inner.frozen.load(Ordering::Acquire) {
-            true => self.inner.frozen_limits.0,
-            false => FLUSH_KEYS,
+        let room = match self.inner.frozen.load(Ordering::Acquire) {
+            true => FLUSH_KEYS.min(
+                self.inner
+                    .frozen_limits
+                    .0
+                    .saturating_sub(dirty.pending.len()),
+            ),
+            false => FLUSH_KEYS.saturating_sub(dirty.pending.len()),
         };
-        while last.is_none() || dirty.pending.len() + overlay.len() < held {
+        while last.is_none() || overlay.len() < room {
             let Some(entry) = entries.next() else {
                 break;
             };
@@ -730,27 +749,45 @@ impl StateMachine {
     /// A sled batch holds sled's process-wide write lock, which the Raft
     /// log's appends wait on: [`FLUSH_KEYS`] bounds how long.
     fn flush_dirty(&self) -> Result<(), sled::Error> {
+        while self.flush_next()? {}
+        Ok(())
+    }
+
+    /// Writes the oldest chunk applied while sled was held still, or with
+    /// none, all that is held; returns whether more is left. Each batch
+    /// carries the `last_applied` of what it holds, so sled is at an entry
+    /// boundary after every one. Nothing is written while sled is held.
+    fn flush_next(&self) -> Result<bool, sled::Error> {
         if self.inner.frozen.load(Ordering::Acquire) {
-            return Ok(());
+            return Ok(false);
         }
-        let written = {
+        let (written, more) = {
             let dirty = self.inner.dirty.read_recursive();
-            if dirty.pending.is_empty() {
-                return Ok(());
+            let pairs = dirty.chunks.front().unwrap_or(&dirty.pending);
+            if pairs.is_empty() {
+                return Ok(false);
             }
             let mut batch = sled::Batch::default();
-            for (k, v) in &dirty.pending {
+            for (k, v) in pairs {
                 match v {
                     Some(v) => batch.insert(k.as_slice(), v.as_slice()),
                     None => batch.remove(k.as_slice()),
                 }
             }
             self.inner.tree.apply_batch(batch)?;
-            dirty.pending.len()
+            (pairs.len(), dirty.chunks.len() > 1)
         };
-        *self.inner.dirty.write() = Dirty::default();
+        {
+            // Reads go through `pending` (the newest value of every key)
+            // until the last chunk is in sled.
+            let mut dirty = self.inner.dirty.write();
+            dirty.chunks.pop_front();
+            if !more {
+                *dirty = Dirty::default();
+            }
+        }
         (self.inner.writes_total).fetch_add(written as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(more)
     }
 
     /// Keeps the wheel count in step with a batch's net writes `net` to
@@ -1445,6 +1482,43 @@ mod tests {
         reference.apply((6..=8).map(create)).await.unwrap();
         assert_eq!(sm.digest().await, reference.digest().await);
         assert_eq!(sm.frozen_waits(), 0);
+    }
+
+    /// What was applied while sled was held still reaches it one chunk per
+    /// atomic batch, each with its own `last_applied`: a crash between two
+    /// of them leaves sled at an entry boundary, and the log makes up the rest.
+    #[tokio::test]
+    async fn what_was_applied_while_sled_was_held_is_flushed_chunk_by_chunk_each_at_its_index() {
+        let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(dir.path());
+        sm.apply((1..=3).map(create)).await.unwrap();
+        let frozen = freeze(&sm).await;
+        sm.apply((4..=5).map(create)).await.unwrap();
+        sm.apply([delete(6, 4)]).await.unwrap();
+        sm.apply((7..=8).map(create)).await.unwrap();
+        assert_eq!(sm.inner.dirty.read().chunks.len(), 3);
+        drop(frozen);
+        assert!(sm.flush_next().unwrap(), "two chunks left");
+        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(5));
+        assert!(sm.get_job("job-4").is_none(), "reads see the newest state");
+        assert!(sm.get_job("job-8").is_some());
+        drop(sm);
+        let mut restarted = open_windowed(dir.path());
+        assert_eq!(restarted.persisted_applied().map(|l| l.index), Some(5));
+        assert!(
+            restarted.get_job("job-4").is_some(),
+            "deleted only at index 6"
+        );
+        restarted.apply([delete(6, 4)]).await.unwrap();
+        restarted.apply((7..=8).map(create)).await.unwrap();
+        restarted.flush().await.unwrap();
+        assert_eq!(restarted.inner.dirty.read().chunks.len(), 0);
+        assert_eq!(restarted.persisted_applied().map(|l| l.index), Some(8));
+        let mut reference = open_windowed(ref_dir.path());
+        reference.apply((1..=5).map(create)).await.unwrap();
+        reference.apply([delete(6, 4)]).await.unwrap();
+        reference.apply((7..=8).map(create)).await.unwrap();
+        assert_eq!(restarted.digest().await, reference.digest().await);
     }
 
     #[tokio::test]
