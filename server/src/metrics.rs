@@ -104,6 +104,7 @@ pub struct Metrics {
     watch_oldest_index: Gauge,
     otel_spans_dropped: Counter,
     log_lines_dropped: Counter,
+    apply_snapshot_waits: Counter,
     /// One scrape at a time: levels are cleared and re-read, counters kept
     /// elsewhere are caught up.
     rendering: Mutex<()>,
@@ -155,6 +156,7 @@ impl Metrics {
             watch_oldest_index: Gauge::default(),
             otel_spans_dropped: Counter::default(),
             log_lines_dropped: Counter::default(),
+            apply_snapshot_waits: Counter::default(),
             rendering: Mutex::new(()),
         };
         m.register()
@@ -337,6 +339,11 @@ impl Metrics {
             "Log lines this process dropped because its log writer fell behind (stderr not draining)",
             self.log_lines_dropped.clone(),
         );
+        r.register(
+            "kairos_apply_snapshot_waits",
+            "Times apply waited for a snapshot or digest to finish reading the state, having held its limit in memory meanwhile",
+            self.apply_snapshot_waits.clone(),
+        );
         self
     }
 
@@ -452,6 +459,7 @@ impl Metrics {
         catch_up(&self.state_writes, node.sm.writes_total());
         catch_up(&self.otel_spans_dropped, crate::otel::spans_dropped());
         catch_up(&self.log_lines_dropped, crate::logsink::dropped_total());
+        catch_up(&self.apply_snapshot_waits, node.sm.frozen_waits());
         self.unflushed_keys
             .set(int(node.sm.unflushed_keys() as u64));
         let watch = node.sm.watch();
