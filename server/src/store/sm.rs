@@ -209,9 +209,13 @@ struct TakenDigest {
 }
 
 /// A digest is taken again no sooner than this many times its last
-/// duration: hashing holds the apply lock, so callers asking in a loop
-/// (`cluster status`) get the last one instead of stalling apply.
+/// duration: hashing a large state takes seconds of CPU, so callers asking
+/// in a loop (`cluster status`) get the last one instead.
 const DIGEST_SPACING: u32 = 4;
+/// A digest whose hashing took less than this is taken again as soon as
+/// anything was applied: spacing it out would save nothing and serve a
+/// stale state.
+const DIGEST_CHEAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_state_machine(openraft::AnyError::new(&e)).into()
@@ -545,14 +549,15 @@ impl StateMachine {
     /// SHA-256 over the whole replicated state and the index it reflects,
     /// hashed on a blocking thread from sled held still ([`Frozen`]), so
     /// apply goes on meanwhile. The last one is returned again while nothing
-    /// was applied since, or while it is younger than `DIGEST_SPACING` times
-    /// the time it took to take.
+    /// was applied since, or, for one that took [`DIGEST_CHEAP`] or more to
+    /// hash, while it is younger than `DIGEST_SPACING` times that.
     pub async fn digest(&self) -> (u64, String) {
         let frozen = {
             let serial = self.inner.freeze_lock.clone().lock_owned().await;
             let index = self.last_applied().map_or(0, |l| l.index);
             if let Some(d) = self.inner.last_digest.lock().clone() {
-                let fresh = d.index == index || d.at.elapsed() < d.took * DIGEST_SPACING;
+                let spaced = d.took >= DIGEST_CHEAP && d.at.elapsed() < d.took * DIGEST_SPACING;
+                let fresh = d.index == index || spaced;
                 if fresh {
                     return (d.index, d.hex);
                 }
@@ -565,9 +570,14 @@ impl StateMachine {
         let index = frozen.applied.map_or(0, |l| l.index);
         // Hashing a large state takes seconds: off the async workers, or
         // this node stops answering heartbeats and votes meanwhile.
-        let start = std::time::Instant::now();
-        let hex = match tokio::task::spawn_blocking(move || frozen.hash()).await {
-            Ok(Ok(hex)) => hex,
+        // Timed on the thread that hashes: a wait for a blocking thread on a
+        // loaded box is not the hash's cost.
+        let hashed = tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            frozen.hash().map(|hex| (hex, start.elapsed()))
+        });
+        let (hex, took) = match hashed.await {
+            Ok(Ok(done)) => done,
             Ok(Err(e)) => return (0, format!("error: {e}")),
             Err(e) => return (0, format!("error: {e}")),
         };
@@ -576,7 +586,7 @@ impl StateMachine {
             index,
             hex: hex.clone(),
             at: std::time::Instant::now(),
-            took: start.elapsed(),
+            took,
         });
         (index, hex)
     }
@@ -1294,6 +1304,22 @@ mod tests {
                 .into(),
             ),
         }
+    }
+
+    /// A digest that was cheap to hash is not spaced out: right after an
+    /// apply the next one reflects it (t10 once read a stale empty digest
+    /// after a create, its spacing inflated by a wait for a blocking thread).
+    #[tokio::test]
+    async fn a_cheap_digest_is_taken_again_as_soon_as_anything_was_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open_windowed(dir.path());
+        let (index, empty) = sm.digest().await;
+        assert_eq!(index, 0);
+        sm.apply([create(1)]).await.unwrap();
+        let (index, one) = sm.digest().await;
+        assert_eq!(index, 1);
+        assert_ne!(one, empty);
+        assert_eq!(sm.inner.digests_taken.load(Ordering::Relaxed), 2);
     }
 
     /// `cluster status` asks every node for a digest. With a million
