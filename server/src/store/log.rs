@@ -203,8 +203,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// shorter prefix removed, never a hole). Entries are contiguous from
     /// the first, so their keys are computed, not read: openraft's core
     /// awaits the purge, and reading the ~10,000 entries behind a snapshot
-    /// (tens of MB under load) held it past the heartbeat timeout, on every
-    /// node at every snapshot.
+    /// (tens of MB under load) only to take their keys was work done under
+    /// it for nothing.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.meta_put(KEY_PURGED, &log_id).await?;
         let Some(first) = self.first_index() else {
