@@ -9,6 +9,8 @@
 //! - `stall-log-after=N`: appending a log entry past index N never
 //!   completes (`store::log`): the node answers status but stops taking
 //!   entries, as a follower too slow to catch up.
+//! - `crash-mid-flush`: SIGKILL halfway through writing the pairs of a
+//!   flush larger than one sled batch (`store::sm`), its redo record written.
 //! - `ignore-elect`: a handover's `Elect` request is answered but no
 //!   election is started (`grpc::peer`).
 

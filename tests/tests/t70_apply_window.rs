@@ -9,7 +9,9 @@
 use std::time::Duration;
 
 use kairos_client::pb;
-use kairos_tests::{create, every_job, fires_on_without_gap, start_ticking, wait_for, Cluster};
+use kairos_tests::{
+    create, every_job, fires_on_without_gap, job_ids, start_ticking, wait_for, Cluster,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_every_node_before_the_flush_and_the_log_brings_the_state_back() {
@@ -55,4 +57,59 @@ async fn kill_every_node_before_the_flush_and_the_log_brings_the_state_back() {
     assert!(ids.iter().any(|id| id == "slow-19"), "{ids:?}");
     // Fires on from where it was, each time once, and equal digests.
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
+}
+
+/// A node SIGKILLed halfway through writing a flush larger than one sled
+/// batch (the `crash-mid-flush` failpoint, on its clean stop's final flush)
+/// finds the flush's redo record at open and writes it again: it rejoins,
+/// and its digest equals the others' at the same index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_halfway_through_a_large_flush_writes_it_again_at_open() {
+    let mut cluster = Cluster::start_each(3, &["--flush-ms", "60000"], &|n| {
+        if n.id == 3 {
+            n.env
+                .push(("KAIROS_FAILPOINT".into(), "crash-mid-flush".into()));
+        }
+    });
+    cluster.wait_leader().await;
+    let c = start_ticking(&cluster).await;
+    let specs = (0..1_600)
+        .map(|i| every_job(&format!("slow-{i}"), "g", 3_600_000))
+        .collect();
+    for r in c.create_jobs(specs, 64).await {
+        r.unwrap();
+    }
+    // More than one sled batch (4,096 keys) held by node 3, none of it
+    // flushed (no status call ran meanwhile: a digest flushes first).
+    wait_for(
+        "node 3 to hold a large window",
+        Duration::from_secs(60),
+        || async {
+            let held = cluster.metric(3, "kairos_state_unflushed_keys")?;
+            (held > 4_096.0).then_some(())
+        },
+    )
+    .await;
+    cluster.terminate(3, Duration::from_secs(30));
+    let path = cluster.node(3).data.with_extension("log");
+    let log = || std::fs::read_to_string(&path).unwrap();
+    assert!(
+        log().contains("failpoint: SIGKILL after it wrote half of a flush's pairs"),
+        "node 3 crashed in its flush: {}",
+        log()
+    );
+    cluster.node_mut(3).env.clear();
+    cluster.start_node(3);
+    wait_for(
+        "node 3 to write the flush again",
+        Duration::from_secs(60),
+        || async {
+            log()
+                .contains("a flush of the applied state was interrupted; wrote it again")
+                .then_some(())
+        },
+    )
+    .await;
+    fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
+    assert_eq!(job_ids(&c, "slow-").await.len(), 1_600);
 }

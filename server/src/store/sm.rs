@@ -98,17 +98,25 @@ impl Default for Options {
 }
 
 /// Default of `--flush-ms`.
-pub const FLUSH_MS_DEFAULT: u64 = 100;
+pub const FLUSH_MS_DEFAULT: u64 = 1_000;
 /// Largest `--flush-ms`.
 pub const FLUSH_MS_MAX: u64 = 60_000;
-/// Applied keys held in memory after which apply flushes at once.
-pub const FLUSH_KEYS: usize = 4_096;
+/// Applied keys held in memory after which apply flushes at once. A
+/// window this long lets a run created, assigned and finished within it
+/// reach sled once, and an active-run entry added and removed not at all.
+pub const FLUSH_KEYS: usize = 32_768;
+/// Keys at most in one atomic sled batch. A batch holds sled's
+/// process-wide write lock and pins its log until it is sealed, and the
+/// Raft log's appends and fsyncs wait for both; a flush of more keys goes
+/// through a redo record instead ([`StateMachine::write_through_redo`]).
+pub const BATCH_KEYS: usize = 4_096;
 /// Applied bytes (keys and values) held in memory after which apply flushes at once.
 pub const FLUSH_BYTES: usize = 32 << 20;
 /// Applied keys held in memory while sled is held still for a snapshot or
 /// a digest ([`Frozen`]), after which apply waits for it to be let go.
 /// What is held then reaches sled one chunk (at most [`FLUSH_KEYS`] plus
-/// an entry) per atomic batch, as it would have without the hold.
+/// an entry) at a time, each at its own `last_applied`, as it would have
+/// without the hold.
 pub const FROZEN_KEYS: usize = 131_072;
 /// Applied bytes held in memory while sled is held still, after which
 /// apply waits (the chunks waiting to be flushed hold as much again).
@@ -163,6 +171,8 @@ pub struct StateMachine {
 struct Inner {
     db: Arc<sled::Db>,
     tree: sled::Tree,
+    /// The redo record of a flush larger than one batch, while it is written.
+    redo: sled::Tree,
     snapshot_path: PathBuf,
     apply_lock: Mutex<()>,
     /// Held by whoever reads sled held still ([`Frozen`]: snapshot builds,
@@ -197,6 +207,9 @@ struct Inner {
     last_digest: parking_lot::Mutex<Option<TakenDigest>>,
     /// Digests computed since open (each a pass over the whole state).
     digests_taken: AtomicU64,
+    /// Tests: a flush through the redo record stops after this many pairs.
+    #[cfg(test)]
+    redo_stop: std::sync::atomic::AtomicUsize,
 }
 
 /// A state digest and when, at which index and how fast it was taken.
@@ -228,7 +241,11 @@ fn snap_err(e: impl std::error::Error + 'static) -> StorageError {
 impl StateMachine {
     pub fn open(db: Arc<sled::Db>, dir: &Path, opts: Options) -> Result<Self, StoreError> {
         let tree = db.open_tree("state")?;
+        let redo = db.open_tree(REDO_TREE)?;
         let snapshot_path = dir.join("snapshot.bin");
+        if finish_redo(&db, &tree, &redo)? {
+            tracing::warn!("a flush of the applied state was interrupted; wrote it again");
+        }
         if KvTree::get(&tree, keys::META_RESTORING)?.is_some() {
             tracing::warn!("a snapshot install was interrupted; doing it again");
             finish_install(&tree, &snapshot_path.with_extension("recv"), &snapshot_path)
@@ -253,6 +270,7 @@ impl StateMachine {
         let inner = Inner {
             db,
             tree,
+            redo,
             snapshot_path,
             apply_lock: Mutex::new(()),
             freeze_lock: Arc::new(Mutex::new(())),
@@ -270,6 +288,8 @@ impl StateMachine {
             refusal: std::sync::Mutex::default(),
             last_digest: parking_lot::Mutex::new(None),
             digests_taken: AtomicU64::new(0),
+            #[cfg(test)]
+            redo_stop: std::sync::atomic::AtomicUsize::new(usize::MAX),
         };
         Ok(StateMachine {
             inner: Arc::new(inner),
@@ -752,6 +772,60 @@ impl StateMachine {
         Ok(net)
     }
 
+    /// Writes `pairs` (a flush window, ending with its `last_applied`)
+    /// without one large atomic batch: their redo record first, made
+    /// durable; then each pair on its own, so sled's write lock is never
+    /// held for the whole window; made durable; then the record goes. A
+    /// crash in between leaves the record, and open writes the pairs again
+    /// ([`finish_redo`]): they are the window's net writes, so writing them
+    /// over any part of themselves gives the state at its `last_applied`.
+    fn write_through_redo(&self, pairs: &core::Pending) -> Result<(), sled::Error> {
+        let (db, tree, redo) = (&self.inner.db, &self.inner.tree, &self.inner.redo);
+        let applied: LogId = pairs
+            .get(keys::META_LAST_APPLIED)
+            .and_then(|v| v.as_deref())
+            .and_then(|raw| decode(raw).ok())
+            .expect("a flush window holds its last_applied");
+        let mut chunks = 0u32;
+        let mut chunk: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
+        let mut bytes = 0;
+        let mut pairs_left = pairs.len();
+        for (k, v) in pairs {
+            chunk.push((k, v.as_deref()));
+            bytes += k.len() + v.as_ref().map_or(0, Vec::len);
+            pairs_left -= 1;
+            if bytes >= REDO_CHUNK_BYTES || pairs_left == 0 {
+                redo.insert(redo_chunk_key(chunks), encode(&chunk))?;
+                chunks += 1;
+                chunk.clear();
+                bytes = 0;
+            }
+        }
+        let head = RedoHead {
+            index: applied.index,
+            chunks,
+        };
+        redo.insert(REDO_HEAD, encode(&head))?;
+        db.flush()?;
+        let crash_at = crate::failpoint::on("crash-mid-flush").then_some(pairs.len() / 2);
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            if Some(i) == crash_at {
+                db.flush()?;
+                crash_now("wrote half of a flush's pairs");
+            }
+            #[cfg(test)]
+            if i == self.inner.redo_stop.load(Ordering::Relaxed) {
+                return Ok(()); // a crash here, as the tests see it
+            }
+            match v {
+                Some(v) => tree.insert(k.as_slice(), v.as_slice())?,
+                None => tree.remove(k.as_slice())?,
+            };
+        }
+        db.flush()?;
+        clear_redo(redo, chunks)
+    }
+
     /// Writes the applied state held in memory to sled in one atomic batch,
     /// with the `last_applied` it reflects; put off (nothing written) while
     /// sled is held still ([`Frozen`]). Callers hold the apply lock (so
@@ -777,14 +851,18 @@ impl StateMachine {
             if pairs.is_empty() {
                 return Ok(false);
             }
-            let mut batch = sled::Batch::default();
-            for (k, v) in pairs {
-                match v {
-                    Some(v) => batch.insert(k.as_slice(), v.as_slice()),
-                    None => batch.remove(k.as_slice()),
+            if pairs.len() <= BATCH_KEYS {
+                let mut batch = sled::Batch::default();
+                for (k, v) in pairs {
+                    match v {
+                        Some(v) => batch.insert(k.as_slice(), v.as_slice()),
+                        None => batch.remove(k.as_slice()),
+                    }
                 }
+                self.inner.tree.apply_batch(batch)?;
+            } else {
+                self.write_through_redo(pairs)?;
             }
-            self.inner.tree.apply_batch(batch)?;
             (pairs.len(), dirty.chunks.len() > 1)
         };
         {
@@ -959,6 +1037,75 @@ impl Drop for Frozen {
         }
         thawed.notify_all();
     }
+}
+
+/// Where a flush larger than one batch keeps its redo record (node-local,
+/// outside the replicated state, empty but while such a flush is written).
+const REDO_TREE: &str = "flush_redo";
+const REDO_HEAD: &[u8] = b"head";
+/// Bytes of pairs per value of the redo record.
+const REDO_CHUNK_BYTES: usize = 1 << 20;
+
+/// What a redo record holds: `chunks` values of pairs, the net writes of a
+/// flush window that ends at `index`.
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+struct RedoHead {
+    index: u64,
+    chunks: u32,
+}
+
+fn redo_chunk_key(i: u32) -> [u8; 5] {
+    let mut k = [b'c', 0, 0, 0, 0];
+    k[1..].copy_from_slice(&i.to_be_bytes());
+    k
+}
+
+fn clear_redo(redo: &sled::Tree, chunks: u32) -> Result<(), sled::Error> {
+    let mut batch = sled::Batch::default();
+    batch.remove(REDO_HEAD);
+    for i in 0..chunks {
+        batch.remove(&redo_chunk_key(i)[..]);
+    }
+    redo.apply_batch(batch)
+}
+
+/// Finishes a flush that a crash interrupted (its redo record is still
+/// there); returns whether there was one. The pairs were made durable
+/// before any later write, so a `last_applied` past the record's index
+/// means they are all in sled and the record is only left over.
+fn finish_redo(db: &sled::Db, tree: &sled::Tree, redo: &sled::Tree) -> Result<bool, StoreError> {
+    let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!(
+            "the redo record of an interrupted flush: {what}: {e}"
+        ))
+    };
+    let Some(raw) = KvTree::get(redo, REDO_HEAD)? else {
+        return Ok(false);
+    };
+    let head: RedoHead = decode(&raw).map_err(|e| corrupt("head", &e))?;
+    let persisted: Option<LogId> =
+        KvTree::get(tree, keys::META_LAST_APPLIED)?.and_then(|raw| decode(&raw).ok());
+    if persisted.map_or(0, |l| l.index) <= head.index {
+        for i in 0..head.chunks {
+            let raw = KvTree::get(redo, &redo_chunk_key(i))?.ok_or_else(|| {
+                corrupt("a chunk", &format!("chunk {i} of {} missing", head.chunks))
+            })?;
+            let pairs: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+                decode(&raw).map_err(|e| corrupt("a chunk", &e))?;
+            let mut batch = sled::Batch::default();
+            for (k, v) in pairs {
+                match v {
+                    Some(v) => batch.insert(k, v),
+                    None => batch.remove(k),
+                }
+            }
+            tree.apply_batch(batch)?;
+        }
+        db.flush()?;
+    }
+    clear_redo(redo, head.chunks)?;
+    db.flush()?;
+    Ok(true)
 }
 
 /// Node-local metadata, outside the replicated state (so outside its
@@ -1424,17 +1571,119 @@ mod tests {
     async fn a_long_batch_is_applied_in_chunks_each_flushed_past_the_key_bound() {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut sm = open_windowed(a_dir.path());
-        sm.apply((1..=3000).map(create)).await.unwrap();
+        let n = CREATES_PAST_A_WINDOW;
+        sm.apply((1..=n).map(create)).await.unwrap();
         let persisted = sm.persisted_applied().map_or(0, |l| l.index);
         assert!(
-            (1..3000).contains(&persisted),
+            (1..n).contains(&persisted),
             "flushed mid-batch at an entry boundary, got {persisted}"
         );
         assert!(sm.unflushed_keys() < FLUSH_KEYS);
-        assert_eq!(sm.last_applied().map(|l| l.index), Some(3000));
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(n));
+        assert!(
+            !has_redo(&sm),
+            "the redo record goes once its flush is written"
+        );
         let mut every = open_flushing_every(b_dir.path(), 0);
-        every.apply((1..=3000).map(create)).await.unwrap();
+        every.apply((1..=n).map(create)).await.unwrap();
         assert_eq!(sm.digest().await, every.digest().await);
+    }
+
+    /// Creates whose keys fill more than one flush window ([`FLUSH_KEYS`]).
+    const CREATES_PAST_A_WINDOW: u64 = 12_000;
+
+    fn has_redo(sm: &StateMachine) -> bool {
+        !sm.inner.redo.is_empty()
+    }
+
+    /// Applies `n` creates into memory only (no flush), with the window
+    /// past one sled batch.
+    async fn windowed_with_creates(dir: &Path, n: u64) -> StateMachine {
+        let mut sm = open_windowed(dir);
+        sm.apply((1..=n).map(create)).await.unwrap();
+        assert!(sm.unflushed_keys() > BATCH_KEYS, "{}", sm.unflushed_keys());
+        assert_eq!(sm.persisted_applied(), None);
+        sm
+    }
+
+    /// A flush larger than one sled batch cut after some of its pairs (the
+    /// worst case of a crash: those pairs durable, the rest not) is written
+    /// again from its redo record at open, whichever pairs made it.
+    #[tokio::test]
+    async fn a_flush_past_one_batch_cut_midway_is_written_again_at_open() {
+        let ref_dir = tempfile::tempdir().unwrap();
+        let mut reference = open_flushing_every(ref_dir.path(), 0);
+        reference.apply((1..=2000).map(create)).await.unwrap();
+        let want = reference.digest().await;
+        for cut in [0, 1, 2500, 6000] {
+            let dir = tempfile::tempdir().unwrap();
+            let sm = windowed_with_creates(dir.path(), 2000).await;
+            let keys = sm.unflushed_keys();
+            assert!(cut < keys, "{cut} of {keys}");
+            sm.inner.redo_stop.store(cut, Ordering::Relaxed);
+            sm.flush().await.unwrap();
+            assert!(has_redo(&sm), "cut at {cut}: the record stays");
+            drop(sm);
+            let restarted = open_windowed(dir.path());
+            assert!(!has_redo(&restarted), "cut at {cut}");
+            assert_eq!(restarted.persisted_applied().map(|l| l.index), Some(2000));
+            assert_eq!(restarted.digest().await, want, "cut at {cut}");
+        }
+    }
+
+    /// A redo record left behind by a flush whose pairs were all made
+    /// durable (a later flush's `last_applied` is past it) is dropped at
+    /// open, not written over the newer state.
+    #[tokio::test]
+    async fn a_redo_record_older_than_the_persisted_state_is_dropped_unwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = windowed_with_creates(dir.path(), 2000).await;
+        sm.flush().await.unwrap();
+        sm.apply([delete(2001, 7)]).await.unwrap();
+        sm.flush().await.unwrap();
+        let stale: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+            vec![(keys::job("job-7"), Some(b"stale".to_vec()))];
+        sm.inner
+            .redo
+            .insert(redo_chunk_key(0), encode(&stale))
+            .unwrap();
+        let head = RedoHead {
+            index: 2000,
+            chunks: 1,
+        };
+        sm.inner.redo.insert(REDO_HEAD, encode(&head)).unwrap();
+        let before = sm.digest().await;
+        drop(sm);
+        let restarted = open_windowed(dir.path());
+        assert!(!has_redo(&restarted));
+        assert!(restarted.get_job("job-7").is_none(), "deleted at 2001");
+        assert_eq!(restarted.digest().await, before);
+    }
+
+    /// A redo record missing a chunk is refused at open with what is wrong,
+    /// and nothing is written.
+    #[tokio::test]
+    async fn a_redo_record_missing_a_chunk_is_refused_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = windowed_with_creates(dir.path(), 2000).await;
+        sm.inner.redo_stop.store(0, Ordering::Relaxed);
+        sm.flush().await.unwrap();
+        sm.inner.redo.remove(redo_chunk_key(0)).unwrap();
+        drop(sm);
+        // Reopened at once, sled's flusher may hold the directory's lock a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let e = loop {
+            let e = super::super::open(dir.path(), 8 << 20, Options::default())
+                .err()
+                .expect("refused")
+                .to_string();
+            if e.contains("redo") || std::time::Instant::now() > deadline {
+                break e;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert!(e.contains("redo record") && e.contains("chunk 0 of"), "{e}");
+        assert!(e.contains("missing"), "{e}");
     }
 
     #[tokio::test]
