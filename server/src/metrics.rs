@@ -77,6 +77,7 @@ pub struct Metrics {
     dispatch_latency: Histogram,
     apply: Histogram,
     log_append: Histogram,
+    state_flush: Histogram,
     leader_changes: Counter,
     wheel_entries: Gauge,
     fire_allowance: Gauge,
@@ -130,6 +131,7 @@ impl Metrics {
             dispatch_latency: seconds(),
             apply: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             log_append: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            state_flush: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
             leader_changes: Counter::default(),
             wheel_entries: Gauge::default(),
             fire_allowance: Gauge::default(),
@@ -204,6 +206,13 @@ impl Metrics {
             "Time to append a batch of entries to the Raft log, fsync included",
             Unit::Seconds,
             self.log_append.clone(),
+        );
+        r.register_with_unit(
+            "kairos_state_flush",
+            "Time to write one flush window of applied state to the store \
+             (one batch, or through its redo record past 4,096 keys)",
+            Unit::Seconds,
+            self.state_flush.clone(),
         );
         r.register(
             "kairos_raft_leader_changes",
@@ -384,6 +393,10 @@ impl Metrics {
 
     pub fn log_appended(&self, took: Duration) {
         self.log_append.observe(took.as_secs_f64());
+    }
+
+    pub fn state_flushed(&self, took: Duration) {
+        self.state_flush.observe(took.as_secs_f64());
     }
 
     pub fn set_commit_index(&self, index: u64) {

@@ -176,6 +176,11 @@ async fn a_run_is_traced_counted_and_every_dashboard_metric_is_exported() {
     assert_eq!(m("kairos_fires_total{group=\"obs\"}"), 1.0);
     assert!(m("kairos_log_append_seconds_count") >= 1.0);
     assert!(m("kairos_raft_commit_index") >= 1.0);
+    // The applied state reaches the store within a flush window (1 s).
+    wait_for("a state flush", Duration::from_secs(30), || async {
+        (m("kairos_state_flush_seconds_count") >= 1.0).then_some(())
+    })
+    .await;
     // The one-shot job has no next occurrence and its run no retry left.
     assert_eq!(m("kairos_pending_timers"), 0.0);
 

@@ -83,6 +83,9 @@ pub struct Options {
     /// Keys and bytes apply holds in memory while sled is held still
     /// ([`FROZEN_KEYS`], [`FROZEN_BYTES`]; smaller only in tests).
     pub frozen_limits: (usize, usize),
+    /// Keys held in memory after which apply flushes at once
+    /// ([`FLUSH_KEYS`]; smaller only in tests).
+    pub flush_keys: usize,
 }
 
 impl Default for Options {
@@ -93,6 +96,7 @@ impl Default for Options {
             flush_ms: FLUSH_MS_DEFAULT,
             watch_events: crate::watch::RING_EVENTS_DEFAULT,
             frozen_limits: (FROZEN_KEYS, FROZEN_BYTES),
+            flush_keys: FLUSH_KEYS,
         }
     }
 }
@@ -101,10 +105,11 @@ impl Default for Options {
 pub const FLUSH_MS_DEFAULT: u64 = 1_000;
 /// Largest `--flush-ms`.
 pub const FLUSH_MS_MAX: u64 = 60_000;
-/// Applied keys held in memory after which apply flushes at once. A
-/// window this long lets a run created, assigned and finished within it
-/// reach sled once, and an active-run entry added and removed not at all.
-pub const FLUSH_KEYS: usize = 32_768;
+/// Applied keys held in memory after which apply flushes at once. Large
+/// enough that a saturated node still flushes on the `--flush-ms` tick, so
+/// a run created, assigned and finished within that second reaches sled
+/// once, and an active-run entry added and removed not at all.
+pub const FLUSH_KEYS: usize = 131_072;
 /// Keys at most in one atomic sled batch. A batch holds sled's
 /// process-wide write lock and pins its log until it is sealed, and the
 /// Raft log's appends and fsyncs wait for both; a flush of more keys goes
@@ -153,8 +158,8 @@ impl Dirty {
         }
     }
 
-    fn full(&self) -> bool {
-        self.pending.len() >= FLUSH_KEYS || self.bytes >= FLUSH_BYTES
+    fn full(&self, keys: usize) -> bool {
+        self.pending.len() >= keys || self.bytes >= FLUSH_BYTES
     }
 
     /// Past what may be held while sled is held still ([`FROZEN_KEYS`]).
@@ -184,6 +189,8 @@ struct Inner {
     frozen: std::sync::atomic::AtomicBool,
     /// Keys and bytes held in memory while frozen before apply waits.
     frozen_limits: (usize, usize),
+    /// Keys held in memory after which apply flushes at once.
+    flush_keys: usize,
     /// Where apply waits for the freeze to end, past `frozen_limits`.
     thaw: (parking_lot::Mutex<()>, parking_lot::Condvar),
     /// Times apply waited for a freeze to end (for tests and the log).
@@ -276,6 +283,7 @@ impl StateMachine {
             freeze_lock: Arc::new(Mutex::new(())),
             frozen: Default::default(),
             frozen_limits: opts.frozen_limits,
+            flush_keys: opts.flush_keys,
             thaw: Default::default(),
             frozen_waits: AtomicU64::new(0),
             effects,
@@ -685,7 +693,7 @@ impl StateMachine {
             let full = {
                 let mut dirty = self.inner.dirty.write();
                 dirty.merge(net, self.inner.frozen.load(Ordering::Acquire));
-                dirty.full() || self.inner.flush_ms == 0
+                dirty.full(self.inner.flush_keys) || self.inner.flush_ms == 0
             };
             // Callers hold the apply lock: a snapshot install cannot come between.
             self.inner.watch.push(std::mem::take(&mut out.watched));
@@ -715,13 +723,13 @@ impl StateMachine {
         let mut overlay = Overlay::new(&state);
         let mut last = None;
         let room = match self.inner.frozen.load(Ordering::Acquire) {
-            true => FLUSH_KEYS.min(
+            true => self.inner.flush_keys.min(
                 self.inner
                     .frozen_limits
                     .0
                     .saturating_sub(dirty.pending.len()),
             ),
-            false => FLUSH_KEYS.saturating_sub(dirty.pending.len()),
+            false => self.inner.flush_keys.saturating_sub(dirty.pending.len()),
         };
         while last.is_none() || overlay.len() < room {
             let Some(entry) = entries.next() else {
@@ -826,12 +834,11 @@ impl StateMachine {
         clear_redo(redo, chunks)
     }
 
-    /// Writes the applied state held in memory to sled in one atomic batch,
-    /// with the `last_applied` it reflects; put off (nothing written) while
+    /// Writes the applied state held in memory to sled with the
+    /// `last_applied` it reflects (one atomic batch up to [`BATCH_KEYS`],
+    /// through the redo record past it); put off (nothing written) while
     /// sled is held still ([`Frozen`]). Callers hold the apply lock (so
     /// nothing is applied meanwhile); readers see the same state throughout.
-    /// A sled batch holds sled's process-wide write lock, which the Raft
-    /// log's appends wait on: [`FLUSH_KEYS`] bounds how long.
     fn flush_dirty(&self) -> Result<(), sled::Error> {
         while self.flush_next()? {}
         Ok(())
@@ -851,6 +858,7 @@ impl StateMachine {
             if pairs.is_empty() {
                 return Ok(false);
             }
+            let start = std::time::Instant::now();
             if pairs.len() <= BATCH_KEYS {
                 let mut batch = sled::Batch::default();
                 for (k, v) in pairs {
@@ -863,6 +871,7 @@ impl StateMachine {
             } else {
                 self.write_through_redo(pairs)?;
             }
+            self.inner.metrics.state_flushed(start.elapsed());
             (pairs.len(), dirty.chunks.len() > 1)
         };
         {
@@ -1419,6 +1428,7 @@ mod tests {
     fn open_flushing_every(dir: &Path, flush_ms: u64) -> StateMachine {
         let opts = Options {
             flush_ms,
+            flush_keys: TEST_FLUSH_KEYS,
             ..Default::default()
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -1578,7 +1588,7 @@ mod tests {
             (1..n).contains(&persisted),
             "flushed mid-batch at an entry boundary, got {persisted}"
         );
-        assert!(sm.unflushed_keys() < FLUSH_KEYS);
+        assert!(sm.unflushed_keys() < TEST_FLUSH_KEYS);
         assert_eq!(sm.last_applied().map(|l| l.index), Some(n));
         assert!(
             !has_redo(&sm),
@@ -1589,8 +1599,11 @@ mod tests {
         assert_eq!(sm.digest().await, every.digest().await);
     }
 
-    /// Creates whose keys fill more than one flush window ([`FLUSH_KEYS`]).
-    const CREATES_PAST_A_WINDOW: u64 = 12_000;
+    /// The flush window of the tests' nodes: past one sled batch
+    /// ([`BATCH_KEYS`]), so a full window goes through the redo record.
+    const TEST_FLUSH_KEYS: usize = 16_384;
+    /// Creates whose keys fill more than one flush window ([`TEST_FLUSH_KEYS`]).
+    const CREATES_PAST_A_WINDOW: u64 = 6_000;
 
     fn has_redo(sm: &StateMachine) -> bool {
         !sm.inner.redo.is_empty()
