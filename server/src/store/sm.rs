@@ -2,9 +2,11 @@
 //! pure core into memory: the net writes since the last flush (`Dirty`),
 //! read through by every query, so a key written and rewritten or deleted
 //! within one flush window reaches sled once or not at all. A flush writes
-//! them in one atomic sled batch together with the `last_applied` and the
-//! membership they reflect, every `flush_ms`, or sooner past
-//! [`FLUSH_KEYS`]/[`FLUSH_BYTES`]. The log is the durability: after a crash
+//! them together with the `last_applied` and the membership they reflect,
+//! every `flush_ms`, or sooner past [`FLUSH_KEYS`]/[`FLUSH_BYTES`]: in one
+//! atomic sled batch up to [`BATCH_KEYS`], past that through a redo record
+//! ([`StateMachine::write_through_redo`]), so no batch holds sled's write
+//! lock for a whole window. The log is the durability: after a crash
 //! openraft applies the log again from the persisted `last_applied` (the
 //! log store keeps the committed index), and the log is only purged up to
 //! a snapshot, which is built from flushed state. Snapshots and digests
