@@ -1,19 +1,22 @@
 //! The replicated state machine on sled. Entries are applied through the
-//! pure core into memory: the net writes since the last flush (`Dirty`),
-//! read through by every query, so a key written and rewritten or deleted
-//! within one flush window reaches sled once or not at all. A flush writes
-//! them together with the `last_applied` and the membership they reflect,
-//! every `flush_ms`, or sooner past [`FLUSH_KEYS`]/[`FLUSH_BYTES`]: in one
-//! atomic sled batch up to [`BATCH_KEYS`], past that through a redo record
+//! pure core into memory: the net writes since the last written window
+//! (`Dirty`), read through by every query, so a key written and rewritten
+//! or deleted within one flush window reaches sled once or not at all. The
+//! open window is sealed every `flush_ms`, or sooner past
+//! [`FLUSH_KEYS`]/[`FLUSH_BYTES`], with the `last_applied` and membership
+//! it reflects; the flusher ([`StateMachine::run_flusher`]) writes sealed
+//! windows while apply goes on: in one atomic sled batch up to
+//! [`BATCH_KEYS`], past that through a redo record
 //! ([`StateMachine::write_through_redo`]), so no batch holds sled's write
-//! lock for a whole window. The log is the durability: after a crash
+//! lock for a whole window. Apply writes windows itself only past
+//! [`HELD_KEYS`]/[`HELD_BYTES`]. The log is the durability: after a crash
 //! openraft applies the log again from the persisted `last_applied` (the
 //! log store keeps the committed index), and the log is only purged up to
-//! a snapshot, which is built from flushed state. Snapshots and digests
-//! flush, then read sled held still ([`Frozen`]: flushes put off, apply
-//! going on into memory), so they are a point-in-time view at the persisted
-//! `last_applied` that does not stop apply; snapshot files are streamed
-//! (`snapfile`), never held whole in memory.
+//! a snapshot, which is built from written state. Snapshots and digests
+//! write every window, then read sled held still ([`Frozen`]: no window
+//! written, apply going on into memory), so they are a point-in-time view
+//! at the persisted `last_applied` that does not stop apply; snapshot files
+//! are streamed (`snapfile`), never held whole in memory.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,10 +85,11 @@ pub struct Options {
     pub flush_ms: u64,
     /// Events the watch ring holds (`--watch-events`).
     pub watch_events: usize,
-    /// Keys and bytes apply holds in memory while sled is held still
-    /// ([`FROZEN_KEYS`], [`FROZEN_BYTES`]; smaller only in tests).
-    pub frozen_limits: (usize, usize),
-    /// Keys held in memory after which apply flushes at once
+    /// Keys and bytes of applied state apply holds in memory, not yet in
+    /// sled, before it writes sealed windows itself or, while sled is held
+    /// still, waits ([`HELD_KEYS`], [`HELD_BYTES`]; smaller only in tests).
+    pub held_limits: (usize, usize),
+    /// Keys in the open window after which apply seals it at once
     /// ([`FLUSH_KEYS`]; smaller only in tests).
     pub flush_keys: usize,
 }
@@ -97,7 +101,7 @@ impl Default for Options {
             metrics: Arc::default(),
             flush_ms: FLUSH_MS_DEFAULT,
             watch_events: crate::watch::RING_EVENTS_DEFAULT,
-            frozen_limits: (FROZEN_KEYS, FROZEN_BYTES),
+            held_limits: (HELD_KEYS, HELD_BYTES),
             flush_keys: FLUSH_KEYS,
         }
     }
@@ -107,66 +111,110 @@ impl Default for Options {
 pub const FLUSH_MS_DEFAULT: u64 = 1_000;
 /// Largest `--flush-ms`.
 pub const FLUSH_MS_MAX: u64 = 60_000;
-/// Applied keys held in memory after which apply flushes at once. Large
-/// enough that a saturated node still flushes on the `--flush-ms` tick, so
-/// a run created, assigned and finished within that second reaches sled
-/// once, and an active-run entry added and removed not at all.
+/// Keys in the open flush window after which apply seals it at once.
+/// Large enough that a saturated node still seals on the `--flush-ms`
+/// tick, so a run created, assigned and finished within that second
+/// reaches sled once, and an active-run entry added and removed not at all.
 pub const FLUSH_KEYS: usize = 131_072;
 /// Keys at most in one atomic sled batch. A batch holds sled's
 /// process-wide write lock and pins its log until it is sealed, and the
-/// Raft log's appends and fsyncs wait for both; a flush of more keys goes
+/// Raft log's appends and fsyncs wait for both; a window of more keys goes
 /// through a redo record instead ([`StateMachine::write_through_redo`]).
 pub const BATCH_KEYS: usize = 4_096;
-/// Applied bytes (keys and values) held in memory after which apply flushes at once.
+/// Bytes (keys and values) in the open flush window after which apply seals it at once.
 pub const FLUSH_BYTES: usize = 32 << 20;
-/// Applied keys held in memory while sled is held still for a snapshot or
-/// a digest ([`Frozen`]), after which apply waits for it to be let go.
-/// What is held then reaches sled one chunk (at most [`FLUSH_KEYS`] plus
-/// an entry) at a time, each at its own `last_applied`, as it would have
-/// without the hold.
-pub const FROZEN_KEYS: usize = 131_072;
-/// Applied bytes held in memory while sled is held still, after which
-/// apply waits (the chunks waiting to be flushed hold as much again).
-pub const FROZEN_BYTES: usize = 128 << 20;
+/// Applied keys held in memory, not yet in sled (the open window and the
+/// sealed ones the flusher has not written), past which apply stops
+/// applying: it writes the sealed windows itself (so a slow disk slows
+/// apply instead of growing memory) or, while sled is held still for a
+/// snapshot or digest ([`Frozen`]), waits for it to be let go. Two full
+/// windows, so a saturated node applies on while the last one is written.
+pub const HELD_KEYS: usize = 2 * FLUSH_KEYS;
+/// Applied bytes held in memory past which apply stops as for
+/// [`HELD_KEYS`]; the windows hold a second copy of the same pairs.
+pub const HELD_BYTES: usize = 128 << 20;
+/// Keys of a written window dropped from memory per hold of the write
+/// lock, so readers and apply are never held up for a whole window.
+const PRUNE_SLICE: usize = 4_096;
 
 /// Applied state not yet in sled: the net writes of the entries applied
-/// since the last flush, `last_applied` and the membership among them.
+/// since the last written window, `last_applied` and the membership among
+/// them. Every key of the open and sealed windows is in `pending` with its
+/// newest value, until the last window holding it is written.
 #[derive(Default)]
 struct Dirty {
     /// Every unflushed write, newest value per key: what reads go through.
     pending: Pending,
     bytes: usize,
-    /// The chunks applied while sled was held still, oldest first, each
-    /// with its own `last_applied`: flushed one atomic batch each after,
-    /// so no single batch holds sled's lock for all of them. Empty
-    /// otherwise (then `pending` is flushed whole).
-    chunks: std::collections::VecDeque<Pending>,
+    /// The open window: net writes applied since the last seal, ending
+    /// with its `last_applied`.
+    open: Pending,
+    open_bytes: usize,
+    /// Sealed windows, oldest first, each ending with its own
+    /// `last_applied`, waiting to be written to sled one at a time (by the
+    /// flusher, or by apply past [`HELD_KEYS`]), so sled is at an entry
+    /// boundary after each.
+    sealed: std::collections::VecDeque<Arc<Pending>>,
+}
+
+fn pair_size(k: &[u8], v: &Option<Vec<u8>>) -> usize {
+    k.len() + v.as_ref().map_or(0, Vec::len)
 }
 
 impl Dirty {
-    /// Adds a chunk's net writes; `queued`: kept as a chunk of its own too
-    /// (sled held still, or chunks from then not flushed yet).
-    fn merge(&mut self, net: Pending, queued: bool) {
-        if queued || !self.chunks.is_empty() {
-            self.chunks.push_back(net.clone());
-        }
-        let size = |k: &[u8], v: &Option<Vec<u8>>| k.len() + v.as_ref().map_or(0, Vec::len);
+    /// Adds a chunk's net writes to the open window.
+    fn merge(&mut self, net: Pending) {
         for (k, v) in net {
-            self.bytes += size(&k, &v);
+            let size = pair_size(&k, &v);
+            self.bytes += size;
+            self.open_bytes += size;
             if let Some(old) = self.pending.get(&k) {
-                self.bytes -= size(&k, old);
+                self.bytes -= pair_size(&k, old);
+            }
+            if let Some(old) = self.open.insert(k.clone(), v.clone()) {
+                self.open_bytes -= pair_size(&k, &old);
             }
             self.pending.insert(k, v);
         }
     }
 
-    fn full(&self, keys: usize) -> bool {
-        self.pending.len() >= keys || self.bytes >= FLUSH_BYTES
+    /// Seals the open window for writing; false when it is empty.
+    fn seal(&mut self) -> bool {
+        if self.open.is_empty() {
+            return false;
+        }
+        self.open_bytes = 0;
+        let window = std::mem::take(&mut self.open);
+        self.sealed.push_back(Arc::new(window));
+        true
     }
 
-    /// Past what may be held while sled is held still ([`FROZEN_KEYS`]).
+    /// The open window reached its bounds ([`FLUSH_KEYS`], [`FLUSH_BYTES`]).
+    fn window_full(&self, keys: usize) -> bool {
+        self.open.len() >= keys || self.open_bytes >= FLUSH_BYTES
+    }
+
+    /// Past what apply may hold in memory ([`HELD_KEYS`], [`HELD_BYTES`]).
     fn over(&self, limits: (usize, usize)) -> bool {
         self.pending.len() >= limits.0 || self.bytes >= limits.1
+    }
+
+    /// Drops from `pending` the keys of `keys` (a window just written to
+    /// sled, and no longer sealed) that no later window holds: sled holds
+    /// their newest value now.
+    fn prune<'a>(&mut self, keys: impl Iterator<Item = &'a Vec<u8>>) {
+        for k in keys {
+            let later = self.open.contains_key(k) || self.sealed.iter().any(|w| w.contains_key(k));
+            if later {
+                continue;
+            }
+            if let Some(v) = self.pending.remove(k) {
+                self.bytes -= pair_size(k, &v);
+            }
+        }
+        if self.pending.is_empty() {
+            self.bytes = 0;
+        }
     }
 }
 
@@ -186,15 +234,25 @@ struct Inner {
     /// digests) or replaces it (install, the final flush); taken before
     /// `apply_lock`, never after it.
     freeze_lock: Arc<Mutex<()>>,
-    /// Set while sled is held still: flushes are put off and apply goes on
-    /// into memory, up to `frozen_limits`.
+    /// Held by whoever writes sealed windows to sled (the flusher, apply
+    /// past `held_limits`, a freeze, the final flush) or replaces sled
+    /// (install); taken last, after `freeze_lock` and `apply_lock`. Only
+    /// on blocking threads.
+    write_lock: parking_lot::Mutex<()>,
+    /// Set while sled is held still: windows are not written and apply
+    /// goes on into memory, up to `held_limits`.
     frozen: std::sync::atomic::AtomicBool,
-    /// Keys and bytes held in memory while frozen before apply waits.
-    frozen_limits: (usize, usize),
-    /// Keys held in memory after which apply flushes at once.
+    /// Keys and bytes held in memory past which apply writes the sealed
+    /// windows itself, or while frozen waits.
+    held_limits: (usize, usize),
+    /// Keys in the open window after which apply seals it.
     flush_keys: usize,
-    /// Where apply waits for the freeze to end, past `frozen_limits`.
+    /// Where apply waits for the freeze to end, past `held_limits`.
     thaw: (parking_lot::Mutex<()>, parking_lot::Condvar),
+    /// Wakes the flusher: a window was sealed full, or sled was let go.
+    sealed_full: tokio::sync::Notify,
+    /// Why writing a window to sled failed: apply stops with it.
+    write_failed: parking_lot::Mutex<Option<String>>,
     /// Times apply waited for a freeze to end (for tests and the log).
     frozen_waits: AtomicU64,
     effects: broadcast::Sender<EffectBatch>,
@@ -283,10 +341,13 @@ impl StateMachine {
             snapshot_path,
             apply_lock: Mutex::new(()),
             freeze_lock: Arc::new(Mutex::new(())),
+            write_lock: Default::default(),
             frozen: Default::default(),
-            frozen_limits: opts.frozen_limits,
+            held_limits: opts.held_limits,
             flush_keys: opts.flush_keys,
             thaw: Default::default(),
+            sealed_full: Default::default(),
+            write_failed: Default::default(),
             frozen_waits: AtomicU64::new(0),
             effects,
             dirty: Default::default(),
@@ -622,10 +683,11 @@ impl StateMachine {
     }
 
     /// Holds sled still for a point-in-time read: under the apply lock, the
-    /// applied state is flushed and the flushes after it are put off until
-    /// the returned guard is dropped. Apply goes on into memory meanwhile
-    /// (up to `frozen_limits`), so a snapshot or digest of a large state
-    /// does not stall it. `serial` is the held `freeze_lock`.
+    /// open window is sealed and every sealed window written, and no
+    /// window is written after it until the returned guard is dropped.
+    /// Apply goes on into memory meanwhile (up to `held_limits`), so a
+    /// snapshot or digest of a large state does not stall it. `serial` is
+    /// the held `freeze_lock`.
     async fn freeze(
         &self,
         serial: tokio::sync::OwnedMutexGuard<()>,
@@ -633,8 +695,14 @@ impl StateMachine {
         let _g = self.inner.apply_lock.lock().await;
         let start = std::time::Instant::now();
         let sm = self.clone();
-        blocking(move || sm.flush_dirty().map_err(std::io::Error::other)).await?;
-        self.inner.frozen.store(true, Ordering::Release);
+        blocking(move || {
+            sm.inner.dirty.write().seal();
+            let _w = sm.inner.write_lock.lock();
+            sm.write_sealed_locked().map_err(std::io::Error::other)?;
+            sm.inner.frozen.store(true, Ordering::Release);
+            Ok(())
+        })
+        .await?;
         Ok(Frozen {
             sm: self.clone(),
             _serial: serial,
@@ -647,18 +715,44 @@ impl StateMachine {
         })
     }
 
-    /// Waits, past the limits of what apply may hold in memory while sled
-    /// is held still, until it is let go. Runs on apply's blocking thread.
-    fn wait_for_room(&self) {
+    /// Makes room, past the limits of what apply may hold in memory: writes
+    /// the sealed windows here (the open one sealed first if it is all
+    /// there is), or, while sled is held still, waits until it is let go.
+    /// Runs on apply's blocking thread.
+    fn make_room(&self) -> Result<(), StorageError> {
+        let limits = self.inner.held_limits;
+        loop {
+            if let Some(why) = self.inner.write_failed.lock().clone() {
+                return Err(sm_err(std::io::Error::other(why)));
+            }
+            if !self.inner.dirty.read_recursive().over(limits) {
+                return Ok(());
+            }
+            if self.inner.frozen.load(Ordering::Acquire) {
+                self.wait_for_thaw(limits);
+                continue;
+            }
+            {
+                let mut dirty = self.inner.dirty.write();
+                if dirty.sealed.is_empty() {
+                    dirty.seal();
+                }
+            }
+            self.write_sealed().map_err(sm_err)?;
+            if self.inner.frozen.load(Ordering::Acquire) {
+                continue; // frozen while this waited for the write lock
+            }
+            return Ok(());
+        }
+    }
+
+    /// Waits while sled is held still and what apply holds is past `limits`.
+    fn wait_for_thaw(&self, limits: (usize, usize)) {
         let (lock, thawed) = &self.inner.thaw;
         let mut g = lock.lock();
         let mut waited = false;
         while self.inner.frozen.load(Ordering::Acquire)
-            && self
-                .inner
-                .dirty
-                .read_recursive()
-                .over(self.inner.frozen_limits)
+            && self.inner.dirty.read_recursive().over(limits)
         {
             if !waited {
                 waited = true;
@@ -668,16 +762,18 @@ impl StateMachine {
         }
     }
 
-    /// Times apply waited for sled to be let go (`frozen_limits` reached).
+    /// Times apply waited for sled to be let go (`held_limits` reached).
     pub fn frozen_waits(&self) -> u64 {
         self.inner.frozen_waits.load(Ordering::Relaxed)
     }
 
     /// Applies `entries` in order into memory and returns their responses
-    /// and effects. Entries are taken in chunks that end once the state held
-    /// in memory reaches [`FLUSH_KEYS`] (at an entry boundary); a full chunk
-    /// is flushed at once (every chunk, with `flush_ms` 0). An entry of a
-    /// format this binary cannot read stops apply there, its chunk unapplied.
+    /// and effects. Entries are taken in chunks that end once the open
+    /// window reaches [`FLUSH_KEYS`] (at an entry boundary); a full window
+    /// is sealed and the flusher woken to write it while apply goes on
+    /// (with `flush_ms` 0, every chunk is sealed and written here). An
+    /// entry of a format this binary cannot read stops apply there, its
+    /// chunk unapplied.
     fn apply_entries(
         &self,
         entries: Vec<Entry>,
@@ -690,17 +786,20 @@ impl StateMachine {
         };
         let mut entries = entries.into_iter().peekable();
         while entries.peek().is_some() {
-            self.wait_for_room();
+            self.make_room()?;
             let net = self.apply_chunk(&mut entries, &mut out)?;
-            let full = {
+            let sealed = {
                 let mut dirty = self.inner.dirty.write();
-                dirty.merge(net, self.inner.frozen.load(Ordering::Acquire));
-                dirty.full(self.inner.flush_keys) || self.inner.flush_ms == 0
+                dirty.merge(net);
+                let seal = dirty.window_full(self.inner.flush_keys) || self.inner.flush_ms == 0;
+                seal && dirty.seal()
             };
             // Callers hold the apply lock: a snapshot install cannot come between.
             self.inner.watch.push(std::mem::take(&mut out.watched));
-            if full {
-                self.flush_dirty().map_err(sm_err)?;
+            if sealed && self.inner.flush_ms == 0 {
+                self.write_sealed().map_err(sm_err)?;
+            } else if sealed {
+                self.inner.sealed_full.notify_one();
             }
         }
         if out.crash {
@@ -709,11 +808,9 @@ impl StateMachine {
         Ok((out.responses, out.effects))
     }
 
-    /// Applies entries from `entries` over the state until what it would
-    /// hold in memory reaches [`FLUSH_KEYS`]; while sled is held still,
-    /// until the chunk itself does (it is flushed on its own later) or what
-    /// is held reaches the frozen limit. Returns the chunk's net writes
-    /// (with its `last_applied`).
+    /// Applies entries from `entries` over the state until the open window
+    /// would reach [`FLUSH_KEYS`] or what is held in memory the held limit.
+    /// Returns the chunk's net writes (with its `last_applied`).
     fn apply_chunk(
         &self,
         entries: &mut std::iter::Peekable<std::vec::IntoIter<Entry>>,
@@ -724,15 +821,8 @@ impl StateMachine {
         let state = Layered::new(&dirty.pending, &tree);
         let mut overlay = Overlay::new(&state);
         let mut last = None;
-        let room = match self.inner.frozen.load(Ordering::Acquire) {
-            true => self.inner.flush_keys.min(
-                self.inner
-                    .frozen_limits
-                    .0
-                    .saturating_sub(dirty.pending.len()),
-            ),
-            false => self.inner.flush_keys.saturating_sub(dirty.pending.len()),
-        };
+        let room = (self.inner.flush_keys.saturating_sub(dirty.open.len()))
+            .min(self.inner.held_limits.0.saturating_sub(dirty.pending.len()));
         while last.is_none() || overlay.len() < room {
             let Some(entry) = entries.next() else {
                 break;
@@ -836,57 +926,62 @@ impl StateMachine {
         clear_redo(redo, chunks)
     }
 
-    /// Writes the applied state held in memory to sled with the
-    /// `last_applied` it reflects (one atomic batch up to [`BATCH_KEYS`],
-    /// through the redo record past it); put off (nothing written) while
-    /// sled is held still ([`Frozen`]). Callers hold the apply lock (so
-    /// nothing is applied meanwhile); readers see the same state throughout.
-    fn flush_dirty(&self) -> Result<(), sled::Error> {
-        while self.flush_next()? {}
+    /// Writes every sealed window to sled, oldest first, each with the
+    /// `last_applied` it ends with; nothing while sled is held still
+    /// ([`Frozen`]). Readers and apply go on meanwhile: every key of a
+    /// window is read from memory until it is written.
+    fn write_sealed(&self) -> Result<(), sled::Error> {
+        let _w = self.inner.write_lock.lock();
+        self.write_sealed_locked()
+    }
+
+    /// [`Self::write_sealed`] with the write lock held by the caller.
+    fn write_sealed_locked(&self) -> Result<(), sled::Error> {
+        while self.write_oldest()? {}
         Ok(())
     }
 
-    /// Writes the oldest chunk applied while sled was held still, or with
-    /// none, all that is held; returns whether more is left. Each batch
-    /// carries the `last_applied` of what it holds, so sled is at an entry
-    /// boundary after every one. Nothing is written while sled is held.
-    fn flush_next(&self) -> Result<bool, sled::Error> {
+    /// Writes the oldest sealed window (one atomic batch up to
+    /// [`BATCH_KEYS`], through the redo record past it), then drops from
+    /// memory the keys no later window holds; returns whether one was
+    /// written. Callers hold the write lock.
+    fn write_oldest(&self) -> Result<bool, sled::Error> {
         if self.inner.frozen.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let (written, more) = {
-            let dirty = self.inner.dirty.read_recursive();
-            let pairs = dirty.chunks.front().unwrap_or(&dirty.pending);
-            if pairs.is_empty() {
-                return Ok(false);
-            }
-            let start = std::time::Instant::now();
-            if pairs.len() <= BATCH_KEYS {
-                let mut batch = sled::Batch::default();
-                for (k, v) in pairs {
-                    match v {
-                        Some(v) => batch.insert(k.as_slice(), v.as_slice()),
-                        None => batch.remove(k.as_slice()),
-                    }
-                }
-                self.inner.tree.apply_batch(batch)?;
-            } else {
-                self.write_through_redo(pairs)?;
-            }
-            self.inner.metrics.state_flushed(start.elapsed());
-            (pairs.len(), dirty.chunks.len() > 1)
+        let Some(window) = self.inner.dirty.read_recursive().sealed.front().cloned() else {
+            return Ok(false);
         };
-        {
-            // Reads go through `pending` (the newest value of every key)
-            // until the last chunk is in sled.
-            let mut dirty = self.inner.dirty.write();
-            dirty.chunks.pop_front();
-            if !more {
-                *dirty = Dirty::default();
+        let start = std::time::Instant::now();
+        if window.len() <= BATCH_KEYS {
+            let mut batch = sled::Batch::default();
+            for (k, v) in window.iter() {
+                match v {
+                    Some(v) => batch.insert(k.as_slice(), v.as_slice()),
+                    None => batch.remove(k.as_slice()),
+                }
             }
+            self.inner.tree.apply_batch(batch)?;
+        } else {
+            self.write_through_redo(&window)?;
         }
-        (self.inner.writes_total).fetch_add(written as u64, Ordering::Relaxed);
-        Ok(more)
+        self.inner.metrics.state_flushed(start.elapsed());
+        self.inner.dirty.write().sealed.pop_front();
+        let keys: Vec<&Vec<u8>> = window.keys().collect();
+        for slice in keys.chunks(PRUNE_SLICE) {
+            self.inner.dirty.write().prune(slice.iter().copied());
+        }
+        (self.inner.writes_total).fetch_add(window.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Writes windows from a tick or a full window on, and records a
+    /// failure for apply to stop with.
+    fn write_sealed_or_record(&self) {
+        if let Err(e) = self.write_sealed() {
+            tracing::error!("writing applied state to sled: {e}; apply stops");
+            *self.inner.write_failed.lock() = Some(format!("writing applied state to sled: {e}"));
+        }
     }
 
     /// Keeps the wheel count in step with a batch's net writes `net` to
@@ -916,29 +1011,42 @@ impl StateMachine {
         self.inner.dirty.read_recursive().pending.len()
     }
 
-    /// Flushes the applied state held in memory now (graceful shutdown),
-    /// after any snapshot or digest holding sled still.
+    /// Writes the applied state held in memory to sled now (graceful
+    /// shutdown, tests), after any snapshot or digest holding sled still.
     pub async fn flush(&self) -> Result<(), StorageError> {
         let _serial = self.inner.freeze_lock.lock().await;
         let _g = self.inner.apply_lock.lock().await;
         let sm = self.clone();
-        tokio::task::spawn_blocking(move || sm.flush_dirty())
-            .await
-            .map_err(sm_err)?
-            .map_err(sm_err)
+        tokio::task::spawn_blocking(move || {
+            sm.inner.dirty.write().seal();
+            sm.write_sealed()
+        })
+        .await
+        .map_err(sm_err)?
+        .map_err(sm_err)
     }
 
-    /// Flushes the applied state every `flush_ms` while there is any; runs
-    /// until the task is dropped.
+    /// The flusher: seals the open window every `flush_ms` and writes the
+    /// sealed windows to sled, on a blocking thread, while apply goes on;
+    /// woken early by a window sealed full or sled let go. Runs until the
+    /// task is dropped.
     pub async fn run_flusher(self) {
         let every = std::time::Duration::from_millis(self.inner.flush_ms.max(1));
+        let mut tick = tokio::time::Instant::now() + every;
         loop {
-            tokio::time::sleep(every).await;
-            if self.inner.dirty.read_recursive().pending.is_empty() {
+            tokio::select! {
+                _ = tokio::time::sleep_until(tick) => {
+                    tick = tokio::time::Instant::now() + every;
+                    self.inner.dirty.write().seal();
+                }
+                _ = self.inner.sealed_full.notified() => {}
+            }
+            if self.inner.dirty.read_recursive().sealed.is_empty() {
                 continue;
             }
-            if let Err(e) = self.flush().await {
-                tracing::error!("flushing applied state: {e}");
+            let sm = self.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || sm.write_sealed_or_record()).await {
+                tracing::error!("the flusher's write panicked: {e}");
             }
         }
     }
@@ -1047,6 +1155,8 @@ impl Drop for Frozen {
             inner.frozen.store(false, Ordering::Release);
         }
         thawed.notify_all();
+        // What was sealed meanwhile is written now.
+        inner.sealed_full.notify_one();
     }
 }
 
@@ -1359,12 +1469,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         let _serial = self.inner.freeze_lock.lock().await;
         let _g = self.inner.apply_lock.lock().await;
-        // The snapshot replaces the state, including what is held in memory.
-        *self.inner.dirty.write() = Dirty::default();
-        let (tree, path) = (self.inner.tree.clone(), self.inner.snapshot_path.clone());
+        let (sm, path) = (self.clone(), self.inner.snapshot_path.clone());
         let count = blocking(move || {
-            install(&tree, &recv, &path)?;
-            Ok(count_wheel(&tree))
+            let _w = sm.inner.write_lock.lock();
+            // The snapshot replaces the state, including what is held in memory.
+            *sm.inner.dirty.write() = Dirty::default();
+            let tree = &sm.inner.tree;
+            install(tree, &recv, &path)?;
+            Ok(count_wheel(tree))
         })
         .await?;
         self.inner.pending_timers.store(count, Ordering::Relaxed);
@@ -1579,26 +1691,115 @@ mod tests {
         );
     }
 
+    /// A long batch is applied in windows sealed at the key bound; the
+    /// flusher writes a full one at once, each at its own entry boundary.
     #[tokio::test]
-    async fn a_long_batch_is_applied_in_chunks_each_flushed_past_the_key_bound() {
+    async fn a_long_batch_is_sealed_in_windows_at_the_key_bound_and_the_flusher_writes_them() {
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut sm = open_windowed(a_dir.path());
+        let flusher = tokio::spawn(sm.clone().run_flusher());
         let n = CREATES_PAST_A_WINDOW;
         sm.apply((1..=n).map(create)).await.unwrap();
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(n));
+        // Written by the flusher, woken by the full window (not its 60 s tick).
+        while sm.persisted_applied().is_none() || has_sealed(&sm) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        flusher.abort();
         let persisted = sm.persisted_applied().map_or(0, |l| l.index);
         assert!(
             (1..n).contains(&persisted),
-            "flushed mid-batch at an entry boundary, got {persisted}"
+            "written at a window's entry boundary, got {persisted}"
         );
         assert!(sm.unflushed_keys() < TEST_FLUSH_KEYS);
-        assert_eq!(sm.last_applied().map(|l| l.index), Some(n));
         assert!(
             !has_redo(&sm),
-            "the redo record goes once its flush is written"
+            "the redo record goes once its window is written"
         );
         let mut every = open_flushing_every(b_dir.path(), 0);
         every.apply((1..=n).map(create)).await.unwrap();
         assert_eq!(sm.digest().await, every.digest().await);
+    }
+
+    fn has_sealed(sm: &StateMachine) -> bool {
+        !sm.inner.dirty.read().sealed.is_empty()
+    }
+
+    /// Before the flusher, a full window was written on apply's path: a
+    /// second of creates and fires waited behind every flush.
+    #[tokio::test]
+    async fn apply_goes_on_while_a_sealed_window_is_written() {
+        let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut sm = open_windowed(dir.path());
+        let n = CREATES_PAST_A_WINDOW;
+        let handle = sm.clone();
+        let writing = handle.inner.write_lock.lock(); // as the flusher holds it while it writes
+        sm.apply((1..=n).map(create)).await.unwrap();
+        sm.apply([delete(n + 1, 1)]).await.unwrap();
+        assert!(has_sealed(&sm));
+        assert_eq!(sm.persisted_applied(), None, "nothing written yet");
+        assert!(sm.get_job("job-1").is_none() && sm.get_job("job-2").is_some());
+        drop(writing);
+        sm.write_sealed().unwrap();
+        assert!(!has_sealed(&sm));
+        let persisted = sm.persisted_applied().map_or(0, |l| l.index);
+        assert!((1..n).contains(&persisted), "{persisted}");
+        assert!(sm.get_job("job-1").is_none(), "reads see the newest state");
+        sm.flush().await.unwrap();
+        assert_eq!(sm.unflushed_keys(), 0);
+        let mut reference = open_flushing_every(ref_dir.path(), 0);
+        reference.apply((1..=n).map(create)).await.unwrap();
+        reference.apply([delete(n + 1, 1)]).await.unwrap();
+        assert_eq!(sm.digest().await, reference.digest().await);
+    }
+
+    /// Past what it may hold in memory, apply writes the sealed windows
+    /// itself, after the write under way: a slow disk slows apply, it does
+    /// not grow memory.
+    #[tokio::test]
+    async fn past_the_held_limits_apply_waits_for_the_write_under_way_then_writes_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = 20_000;
+        let opts = Options {
+            flush_ms: FLUSH_MS_MAX,
+            flush_keys: TEST_FLUSH_KEYS,
+            held_limits: (held, usize::MAX),
+            ..Default::default()
+        };
+        let (_, sm) = super::super::open(dir.path(), 8 << 20, opts).unwrap();
+        let n = 2 * CREATES_PAST_A_WINDOW;
+        let writing = sm.inner.write_lock.lock();
+        let applying = tokio::spawn({
+            let mut sm = sm.clone();
+            async move { sm.apply((1..=n).map(create)).await.map(|r| r.len()) }
+        });
+        while sm.unflushed_keys() < held {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(sm.unflushed_keys(), held, "applied up to the limit exactly");
+        assert!(!applying.is_finished(), "apply waits for the write lock");
+        assert_eq!(sm.persisted_applied(), None);
+        drop(writing);
+        assert_eq!(applying.await.unwrap().unwrap(), n as usize);
+        assert!(
+            sm.persisted_applied().is_some(),
+            "apply wrote windows itself"
+        );
+        assert!(sm.unflushed_keys() <= held);
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(n));
+    }
+
+    /// A window that could not be written stops apply with the reason, and
+    /// nothing more is applied.
+    #[tokio::test]
+    async fn a_failed_window_write_stops_apply_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open_windowed(dir.path());
+        sm.apply([create(1)]).await.unwrap();
+        *sm.inner.write_failed.lock() = Some("writing applied state to sled: no space".into());
+        let e = sm.apply([create(2)]).await.unwrap_err().to_string();
+        assert!(e.contains("no space"), "{e}");
+        assert_eq!(sm.last_applied().map(|l| l.index), Some(1));
     }
 
     /// The flush window of the tests' nodes: past one sled batch
@@ -1774,21 +1975,29 @@ mod tests {
         assert_eq!(sm.frozen_waits(), 0);
     }
 
-    /// What was applied while sled was held still reaches it one chunk per
-    /// atomic batch, each with its own `last_applied`: a crash between two
-    /// of them leaves sled at an entry boundary, and the log makes up the rest.
+    /// Windows sealed while sled was held still reach it one at a time
+    /// once it is let go, each with its own `last_applied`: a crash between
+    /// two of them leaves sled at an entry boundary, and the log makes up
+    /// the rest.
     #[tokio::test]
-    async fn what_was_applied_while_sled_was_held_is_flushed_chunk_by_chunk_each_at_its_index() {
+    async fn windows_sealed_while_sled_was_held_are_written_one_by_one_each_at_its_index() {
         let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut sm = open_windowed(dir.path());
         sm.apply((1..=3).map(create)).await.unwrap();
         let frozen = freeze(&sm).await;
         sm.apply((4..=5).map(create)).await.unwrap();
+        assert!(sm.inner.dirty.write().seal(), "a tick");
         sm.apply([delete(6, 4)]).await.unwrap();
+        assert!(sm.inner.dirty.write().seal(), "a tick");
         sm.apply((7..=8).map(create)).await.unwrap();
-        assert_eq!(sm.inner.dirty.read().chunks.len(), 3);
+        sm.write_sealed().unwrap();
+        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(3), "held");
+        assert_eq!(sm.inner.dirty.read().sealed.len(), 2);
         drop(frozen);
-        assert!(sm.flush_next().unwrap(), "two chunks left");
+        {
+            let _w = sm.inner.write_lock.lock();
+            assert!(sm.write_oldest().unwrap());
+        }
         assert_eq!(sm.persisted_applied().map(|l| l.index), Some(5));
         assert!(sm.get_job("job-4").is_none(), "reads see the newest state");
         assert!(sm.get_job("job-8").is_some());
@@ -1802,7 +2011,7 @@ mod tests {
         restarted.apply([delete(6, 4)]).await.unwrap();
         restarted.apply((7..=8).map(create)).await.unwrap();
         restarted.flush().await.unwrap();
-        assert_eq!(restarted.inner.dirty.read().chunks.len(), 0);
+        assert_eq!(restarted.unflushed_keys(), 0);
         assert_eq!(restarted.persisted_applied().map(|l| l.index), Some(8));
         let mut reference = open_windowed(ref_dir.path());
         reference.apply((1..=5).map(create)).await.unwrap();
@@ -1812,11 +2021,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn past_the_frozen_limits_apply_waits_for_sled_to_be_let_go_then_flushes() {
+    async fn past_the_held_limits_while_sled_is_held_apply_waits_for_it_to_be_let_go() {
         let dir = tempfile::tempdir().unwrap();
         let opts = Options {
             flush_ms: FLUSH_MS_MAX,
-            frozen_limits: (10, usize::MAX),
+            held_limits: (10, usize::MAX),
             ..Default::default()
         };
         let (_, mut sm) = super::super::open(dir.path(), 8 << 20, opts).unwrap();
