@@ -154,6 +154,10 @@ pub const FLUSH_KEYS: usize = 131_072;
 /// Raft log's appends and fsyncs wait for both; a window of more keys goes
 /// through a redo record instead ([`StateMachine::write_through_redo`]).
 pub const BATCH_KEYS: usize = 4_096;
+/// The flusher thread's nice value: apply, Raft and the API go first on a
+/// saturated CPU, and the flusher writes with what is left (past
+/// [`HELD_KEYS`] apply writes itself, at its own priority).
+pub const FLUSHER_NICE: i32 = 10;
 /// Bytes (keys and values) in the open flush window after which apply seals it at once.
 pub const FLUSH_BYTES: usize = 32 << 20;
 /// Applied keys held in memory, not yet in sled (the open window and the
@@ -289,8 +293,9 @@ struct Inner {
     flush_keys: usize,
     /// Where apply waits for the freeze to end, past `held_limits`.
     thaw: (parking_lot::Mutex<()>, parking_lot::Condvar),
-    /// Wakes the flusher: a window was sealed full, or sled was let go.
-    sealed_full: tokio::sync::Notify,
+    /// Wakes the flusher thread: set when a window was sealed full, sled
+    /// was let go, or the flusher is to stop.
+    wake: (parking_lot::Mutex<bool>, parking_lot::Condvar),
     /// Why writing a window to sled failed: apply stops with it.
     write_failed: parking_lot::Mutex<Option<String>>,
     /// Times apply waited for a freeze to end (for tests and the log).
@@ -386,7 +391,7 @@ impl StateMachine {
             held_limits: opts.held_limits,
             flush_keys: opts.flush_keys,
             thaw: Default::default(),
-            sealed_full: Default::default(),
+            wake: Default::default(),
             write_failed: Default::default(),
             frozen_waits: AtomicU64::new(0),
             effects,
@@ -839,7 +844,7 @@ impl StateMachine {
             if sealed && self.inner.flush_ms == 0 {
                 self.write_sealed().map_err(sm_err)?;
             } else if sealed {
-                self.inner.sealed_full.notify_one();
+                self.wake_flusher();
             }
         }
         if out.crash {
@@ -1071,29 +1076,73 @@ impl StateMachine {
         .map_err(sm_err)
     }
 
-    /// The flusher: seals the open window every `flush_ms` and writes the
-    /// sealed windows to sled, on a blocking thread, while apply goes on;
-    /// woken early by a window sealed full or sled let go. Runs until the
-    /// task is dropped.
+    /// The flusher: a thread of its own, at a lower CPU priority than
+    /// apply and Raft ([`FLUSHER_NICE`]), that seals the open window
+    /// `flush_ms` after the last tick's write ended and writes the sealed
+    /// windows to sled while apply goes on; woken early by a window sealed
+    /// full or sled let go. Under load a window spans `flush_ms` plus one
+    /// write, so the slower the writes, the more each window coalesces (up
+    /// to [`FLUSH_KEYS`]); on a saturated CPU the writes wait, and apply
+    /// writes itself past [`HELD_KEYS`]. The thread stops when this task
+    /// is dropped.
     pub async fn run_flusher(self) {
-        let every = std::time::Duration::from_millis(self.inner.flush_ms.max(1));
-        let mut tick = tokio::time::Instant::now() + every;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(tick) => {
-                    tick = tokio::time::Instant::now() + every;
-                    self.inner.dirty.write().seal();
-                }
-                _ = self.inner.sealed_full.notified() => {}
-            }
-            if self.inner.dirty.read_recursive().sealed.is_empty() {
-                continue;
-            }
-            let sm = self.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || sm.write_sealed_or_record()).await {
-                tracing::error!("the flusher's write panicked: {e}");
+        struct StopOnDrop(StateMachine, Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::Release);
+                self.0.wake_flusher();
             }
         }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let _stop = StopOnDrop(self.clone(), stop.clone());
+        let sm = self.clone();
+        let started = std::thread::Builder::new()
+            .name("kairos-flusher".into())
+            .spawn(move || sm.flusher_loop(&stop));
+        if let Err(e) = started {
+            tracing::error!("starting the flusher thread: {e}; apply writes the state itself");
+        }
+        std::future::pending::<()>().await
+    }
+
+    fn flusher_loop(&self, stop: &std::sync::atomic::AtomicBool) {
+        if let Err(e) = rustix::process::setpriority_process(None, FLUSHER_NICE) {
+            tracing::warn!("lowering the flusher thread's priority: {e}");
+        }
+        let every = std::time::Duration::from_millis(self.inner.flush_ms.max(1));
+        let mut tick = std::time::Instant::now() + every;
+        loop {
+            let ticked = {
+                let (lock, woken) = &self.inner.wake;
+                let mut pending_wake = lock.lock();
+                loop {
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if std::mem::take(&mut *pending_wake) {
+                        break false;
+                    }
+                    if std::time::Instant::now() >= tick {
+                        break true;
+                    }
+                    woken.wait_until(&mut pending_wake, tick);
+                }
+            };
+            if ticked {
+                self.inner.dirty.write().seal();
+            }
+            self.write_sealed_or_record();
+            if ticked {
+                tick = std::time::Instant::now() + every;
+            }
+        }
+    }
+
+    /// Wakes the flusher thread (a window sealed full, sled let go, stop).
+    fn wake_flusher(&self) {
+        let (lock, woken) = &self.inner.wake;
+        *lock.lock() = true;
+        woken.notify_one();
     }
 
     /// State keys written or deleted by apply since this node started.
@@ -1201,7 +1250,7 @@ impl Drop for Frozen {
         }
         thawed.notify_all();
         // What was sealed meanwhile is written now.
-        inner.sealed_full.notify_one();
+        self.sm.wake_flusher();
     }
 }
 
@@ -1763,7 +1812,14 @@ mod tests {
         );
         let mut every = open_flushing_every(b_dir.path(), 0);
         every.apply((1..=n).map(create)).await.unwrap();
-        assert_eq!(sm.digest().await, every.digest().await);
+        let want = every.digest().await;
+        assert_eq!(sm.digest().await, want);
+        // The flusher thread ends with its task: nothing holds the store.
+        sm.flush().await.unwrap();
+        drop(sm);
+        let reopened = open_windowed(a_dir.path());
+        assert_eq!(reopened.persisted_applied().map(|l| l.index), Some(n));
+        assert_eq!(reopened.digest().await, want);
     }
 
     proptest::proptest! {
