@@ -783,11 +783,9 @@ impl StateMachine {
                     dirty.seal();
                 }
             }
-            self.write_sealed().map_err(sm_err)?;
-            if self.inner.frozen.load(Ordering::Acquire) {
-                continue; // frozen while this waited for the write lock
-            }
-            return Ok(());
+            // Nothing freezes sled meanwhile: a freeze takes the apply lock,
+            // which the caller holds.
+            return self.write_sealed().map_err(sm_err);
         }
     }
 
