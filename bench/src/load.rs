@@ -153,7 +153,8 @@ pub async fn observed_clients(
 /// how long the server took to answer it.
 #[derive(Default)]
 pub struct Attempts {
-    answer_ms: Mutex<Vec<(Code, i64)>>,
+    /// Each attempt's code, answer time and wall-clock end (ms).
+    answer_ms: Mutex<Vec<(Code, i64, i64)>>,
     pub ok: AtomicU64,
     /// `RESOURCE_EXHAUSTED` answers (admission refusals).
     pub refused: AtomicU64,
@@ -178,7 +179,7 @@ impl Attempts {
             counter.fetch_add(1, Ordering::Relaxed);
             let mut v = me.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
             if v.len() < RECORD_MAX {
-                v.push((code, took.as_millis() as i64));
+                v.push((code, took.as_millis() as i64, wall_ms()));
             }
         })
     }
@@ -194,9 +195,17 @@ impl Attempts {
     pub fn answer_ms(&self, keep: impl Fn(Code) -> bool) -> Vec<i64> {
         let v = self.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
         v.iter()
-            .filter(|(c, _)| keep(*c))
-            .map(|(_, ms)| *ms)
+            .filter(|(c, _, _)| keep(*c))
+            .map(|(_, ms, _)| *ms)
             .collect()
+    }
+
+    /// Wall-clock start and answer time (ms) of the first `n` attempts
+    /// answered in more than `over_ms`, in the order they ended.
+    pub fn slow(&self, over_ms: i64, n: usize) -> Vec<(i64, i64)> {
+        let v = self.answer_ms.lock().unwrap_or_else(|e| e.into_inner());
+        let slow = v.iter().filter(|(_, ms, _)| *ms > over_ms);
+        slow.map(|(_, ms, end)| (end - ms, *ms)).take(n).collect()
     }
 }
 

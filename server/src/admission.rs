@@ -6,7 +6,11 @@
 //! write is refused at once with a retry-after hint, before anything is
 //! proposed, so a refusal changes nothing. An admitted command still queued
 //! after `max_wait_ms` is refused the same way, unproposed, so an answer
-//! never waits behind a queue that stopped moving. Fires, assignments,
+//! never waits behind a queue that stopped moving; and while the oldest
+//! client batch in the log has waited past `max_write_age_ms` for its
+//! answer, every write is refused, so a write is not admitted into a log
+//! that is slow now (a stalled commit or apply shows here at once, long
+//! before any batch comes back to say so). Fires, assignments,
 //! finishes and expiries never come here: they are committed work already.
 //!
 //! The retry-after hint ([`Hint`]) adapts to the refusals against the
@@ -41,6 +45,12 @@ pub struct Bounds {
     pub max_backlog_ms: u64,
     /// Longest an admitted command waits in the queue before it is proposed.
     pub max_wait_ms: u64,
+    /// How long the oldest client batch in the log may have waited for its
+    /// answer: past it the log is slow now, a write admitted would wait
+    /// behind it, and every write is refused (the reserve included) until
+    /// it is answered. Unlike the other signals it needs no batch to come
+    /// back first, so a stall is seen while it lasts.
+    pub max_write_age_ms: u64,
     /// How late the leader's oldest due timer may be, still waiting to be
     /// proposed: past it the cluster is behind on work it already accepted,
     /// and new writes (which add more) get only the reserve.
@@ -62,7 +72,8 @@ impl Default for Bounds {
             max_bytes: 16 << 20,
             max_backlog: 64,
             max_backlog_ms: 500,
-            max_wait_ms: 250,
+            max_wait_ms: 150,
+            max_write_age_ms: 250,
             max_fire_lag_ms: 1_000,
             reserve: 16,
             write_target_ms: 300,
@@ -80,6 +91,9 @@ pub struct Load {
     pub backlog_ms: u64,
     /// How long the oldest due timer the leader holds back has been due.
     pub fire_lag_ms: u64,
+    /// How long the oldest client batch proposed and not yet answered has
+    /// waited (0 when none is).
+    pub write_age_ms: u64,
 }
 
 /// Which bound a write would pass, and by how much.
@@ -111,6 +125,7 @@ impl Bounds {
             ("admit-max-backlog", self.max_backlog, 1_000_000),
             ("admit-max-backlog-ms", self.max_backlog_ms, 60_000),
             ("admit-max-wait-ms", self.max_wait_ms, 60_000),
+            ("admit-max-write-age-ms", self.max_write_age_ms, 60_000),
             ("admit-max-fire-lag-ms", self.max_fire_lag_ms, 3_600_000),
             // 0 is allowed: pacing off.
             ("admit-write-target-ms", self.write_target_ms.max(1), 60_000),
@@ -138,7 +153,7 @@ impl Bounds {
     /// Whether one more command of `bytes` may join `load`. A command alone
     /// is admitted whatever its size (its size is bounded by the message cap);
     /// one that finds fewer than `reserve` in flight is admitted whatever the
-    /// backlog (within the bytes bound).
+    /// backlog (within the bytes bound and the write age).
     pub fn check(&self, load: Load, bytes: usize) -> Result<(), Refusal> {
         let refusal = |what, have, max: u64| Err(Refusal { what, have, max });
         let reserved = load.commands < self.reserve;
@@ -157,6 +172,13 @@ impl Bounds {
                 total,
                 self.max_bytes as u64,
             );
+        }
+        if load.write_age_ms > self.max_write_age_ms {
+            let (what, max) = (
+                "ms the oldest client write in the log waits for its answer",
+                self.max_write_age_ms,
+            );
+            return refusal(what, load.write_age_ms, max);
         }
         if reserved {
             return Ok(());
@@ -313,6 +335,31 @@ struct State {
     /// proposal to answer, grown by each batch that did not. While the log
     /// is slow, few writes wait in it and the rest are refused at once.
     limit: usize,
+    /// Client batches proposed and not yet answered: id, and when proposed.
+    proposed: Vec<(u64, i64)>,
+    next_proposal: u64,
+}
+
+impl State {
+    /// How long the oldest client batch in the log has waited at `now_ms`.
+    fn write_age_ms(&self, now_ms: i64) -> u64 {
+        let oldest = self.proposed.iter().map(|(_, at)| *at).min();
+        oldest.map_or(0, |at| now_ms.saturating_sub(at).max(0) as u64)
+    }
+}
+
+/// A client batch in the log, counted in the write age until dropped (once
+/// its waiters have been answered, or the proposal was abandoned).
+pub struct Proposed {
+    admission: Arc<Admission>,
+    id: u64,
+}
+
+impl Drop for Proposed {
+    fn drop(&mut self) {
+        let mut st = self.admission.state();
+        st.proposed.retain(|(id, _)| *id != self.id);
+    }
 }
 
 /// One admitted command's share of the load, given back when dropped
@@ -332,6 +379,8 @@ impl Admission {
                 hint: Hint::new(now_ms),
                 drain: Drain::default(),
                 limit: bounds.max_commands,
+                proposed: Vec::new(),
+                next_proposal: 0,
             }),
             refused: AtomicU64::new(0),
             fire_lag_ms: AtomicU64::new(0),
@@ -344,14 +393,29 @@ impl Admission {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The load now: `st`'s counts, `backlog` and the firing loop's lag.
-    fn load_with(&self, st: &State, backlog: u64) -> Load {
+    /// The load at `now_ms`: `st`'s counts and write age, `backlog` and
+    /// the firing loop's lag.
+    fn load_with(&self, st: &State, backlog: u64, now_ms: i64) -> Load {
         Load {
             commands: st.commands,
             bytes: st.bytes,
             backlog,
             backlog_ms: st.drain.ms,
             fire_lag_ms: self.fire_lag(),
+            write_age_ms: st.write_age_ms(now_ms),
+        }
+    }
+
+    /// Records a client batch proposed at `now_ms`; it counts in the write
+    /// age until the returned guard is dropped.
+    pub fn proposing(self: &Arc<Self>, now_ms: i64) -> Proposed {
+        let mut st = self.state();
+        st.next_proposal += 1;
+        let id = st.next_proposal;
+        st.proposed.push((id, now_ms));
+        Proposed {
+            admission: self.clone(),
+            id,
         }
     }
 
@@ -363,7 +427,7 @@ impl Admission {
         now_ms: i64,
     ) -> Result<Ticket, Overloaded> {
         let mut st = self.state();
-        let load = self.load_with(&st, backlog);
+        let load = self.load_with(&st, backlog, now_ms);
         let bounds = Bounds {
             max_commands: st.limit,
             ..self.bounds
@@ -381,7 +445,7 @@ impl Admission {
     /// command would be refused now. Admits nothing.
     pub fn precheck(&self, backlog: u64, now_ms: i64) -> Result<(), Overloaded> {
         let mut st = self.state();
-        let load = self.load_with(&st, backlog);
+        let load = self.load_with(&st, backlog, now_ms);
         match self.bounds.check(load, 0) {
             Ok(()) => Ok(()),
             refused => self.decide(&mut st, refused, now_ms),
@@ -397,7 +461,7 @@ impl Admission {
         let behind = Load {
             commands: st.commands.saturating_sub(1),
             bytes: 0,
-            ..self.load_with(&st, backlog)
+            ..self.load_with(&st, backlog, now_ms)
         };
         let res = (self.bounds.check_wait(queued_ms, now_ms)).and(self.bounds.check(behind, 0));
         match res {
@@ -518,6 +582,7 @@ mod tests {
             max_backlog: 10,
             max_backlog_ms: 500,
             max_wait_ms: 400,
+            max_write_age_ms: 700,
             max_fire_lag_ms: 1_000,
             reserve: 0,
             write_target_ms: 300,
@@ -531,6 +596,7 @@ mod tests {
             backlog,
             backlog_ms: 0,
             fire_lag_ms: 0,
+            write_age_ms: 0,
         }
     }
 
@@ -565,6 +631,42 @@ mod tests {
             ..load(0, 0, 2)
         };
         assert_eq!(b.check(at_bound, 1), Ok(()));
+        let stuck = Load {
+            write_age_ms: 701,
+            ..load(0, 0, 0)
+        };
+        let age = "ms the oldest client write in the log waits for its answer";
+        assert_eq!(b.check(stuck, 1), refused(age, 701, 700));
+    }
+
+    #[test]
+    fn while_the_oldest_write_in_the_log_waits_past_its_bound_every_write_is_refused() {
+        let a = Admission::new(
+            Bounds {
+                reserve: 3,
+                ..bounds()
+            },
+            0,
+        );
+        let t = a.admit(1, 0, 0).unwrap();
+        let first = a.proposing(1_000);
+        let second = a.proposing(1_500);
+        // Young enough: admitted, within the reserve whatever the backlog.
+        let t2 = a.admit(1, 50, 1_700).expect("oldest waited 700 ms");
+        let e = a.admit(1, 0, 1_701).err().unwrap();
+        let age = "ms the oldest client write in the log waits for its answer";
+        assert_eq!((e.refusal.what, e.refusal.have), (age, 701));
+        assert!(a.precheck(0, 1_701).is_err());
+        let e = a.recheck(1_650, 0, 1_701).err().unwrap();
+        assert_eq!(e.refusal.what, age, "queued ones are refused unproposed");
+        // The oldest answered: the age is the next one's.
+        drop(first);
+        assert_eq!(a.precheck(0, 2_200), Ok(()));
+        assert!(a.precheck(0, 2_201).is_err());
+        drop(second);
+        assert_eq!(a.precheck(0, 1_000_000), Ok(()), "none in the log");
+        assert_eq!(a.refused_total(), 4);
+        drop((t, t2));
     }
 
     #[test]
@@ -848,6 +950,13 @@ mod tests {
                     ..d
                 },
                 "admit-max-wait-ms",
+            ),
+            (
+                Bounds {
+                    max_write_age_ms: 0,
+                    ..d
+                },
+                "admit-max-write-age-ms",
             ),
             (
                 Bounds {

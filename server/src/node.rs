@@ -685,6 +685,8 @@ async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
 async fn propose_batch(node: &Node, mut batch: Vec<ProposalItem>) {
     let (n, started_ms) = (batch.len(), node.clock.mono_ms());
     let took = || (node.clock.mono_ms() - started_ms).max(0) as u64;
+    // Counted in the write age until every waiter has its answer.
+    let _in_log = node.admission.proposing(started_ms);
     if n <= 1 {
         if let Some(item) = batch.pop() {
             let res = node.propose(item.cmd).await;

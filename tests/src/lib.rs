@@ -727,6 +727,25 @@ pub async fn rejoined(cluster: &Cluster, id: u64, index: u64) {
     .await;
 }
 
+/// Restarts node `id` (a follower) gracefully with failpoints `spec`, and
+/// waits until it has caught up again.
+pub async fn restart_with_failpoint(cluster: &mut Cluster, id: u64, spec: &str) {
+    let applied = cluster.client().status().await.unwrap().nodes;
+    let applied = applied.iter().map(|n| n.applied_index).max().unwrap();
+    cluster.terminate(id, Duration::from_secs(20));
+    let env = &mut cluster.node_mut(id).env;
+    env.retain(|(k, _)| k != "KAIROS_FAILPOINT");
+    env.push(("KAIROS_FAILPOINT".into(), spec.into()));
+    cluster.start_node(id);
+    rejoined(cluster, id, applied).await;
+}
+
+/// The highest index any node applied.
+pub async fn applied_index(cluster: &Cluster) -> u64 {
+    let s = cluster.client().status().await.unwrap();
+    s.nodes.iter().map(|n| n.applied_index).max().unwrap()
+}
+
 /// `cluster add-learner ID PEER_ADDR` through client `c`.
 pub async fn add_learner(
     c: &Client,

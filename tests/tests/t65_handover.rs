@@ -22,8 +22,8 @@ use kairos_client::pb::{self, cluster_client::ClusterClient};
 use kairos_client::{channel, Client};
 use kairos_proto::peer::{peer_client::PeerClient, ElectRequest, LocalStatusRequest};
 use kairos_tests::{
-    add_learner, create, every_job, fires_on_without_gap, kairosctl_bin, rejoined, start_ticking,
-    wait_for, Cluster,
+    add_learner, applied_index, create, every_job, fires_on_without_gap, kairosctl_bin, rejoined,
+    restart_with_failpoint, start_ticking, wait_for, Cluster,
 };
 use tonic::Code;
 
@@ -261,25 +261,6 @@ async fn rolling_restart_with_graceful_stops_fires_every_occurrence_once() {
     assert!(handed_over >= 1, "no leader was stopped");
 
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
-}
-
-/// Restarts node `id` (a follower) gracefully with failpoints `spec`, and
-/// waits until it has caught up again.
-async fn restart_with_failpoint(cluster: &mut Cluster, id: u64, spec: &str) {
-    let applied = cluster.client().status().await.unwrap().nodes;
-    let applied = applied.iter().map(|n| n.applied_index).max().unwrap();
-    cluster.terminate(id, Duration::from_secs(20));
-    let env = &mut cluster.node_mut(id).env;
-    env.retain(|(k, _)| k != "KAIROS_FAILPOINT");
-    env.push(("KAIROS_FAILPOINT".into(), spec.into()));
-    cluster.start_node(id);
-    rejoined(cluster, id, applied).await;
-}
-
-/// The highest index any node applied.
-async fn applied_index(cluster: &Cluster) -> u64 {
-    let s = cluster.client().status().await.unwrap();
-    s.nodes.iter().map(|n| n.applied_index).max().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@
 //! holds due timers back (more are due than it lets into the log at once),
 //! writes past the reserve are refused naming that bound, and admitted
 //! again once it has caught up; timers held by a cluster-wide firing pause
-//! do not count.
+//! do not count. And the write-age bound: while a client write in the log
+//! cannot commit (both followers stall), later writes are refused at once
+//! naming it, the reserve included, instead of joining the stuck queue.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +21,9 @@ use kairos_client::pb::{self, cluster_client::ClusterClient, jobs_client::JobsCl
 use kairos_client::RETRY_AFTER_HEADER;
 use kairos_server::admission::{RETRY_AFTER_MAX_MS, RETRY_AFTER_MIN_MS};
 use kairos_server::core::command::LOG_FORMAT;
-use kairos_tests::{create, every_job, job_ids, once_job, wait_for, Cluster};
+use kairos_tests::{
+    applied_index, create, every_job, job_ids, once_job, restart_with_failpoint, wait_for, Cluster,
+};
 use tonic::Code;
 
 const FLOOD: usize = 300;
@@ -320,4 +324,90 @@ async fn writes_get_only_the_reserve_while_due_timers_wait_and_a_firing_pause_is
     create(&c, every_job("after", "late", 3_600_000))
         .await
         .expect("a write once the burst has fired");
+}
+
+/// One create straight to `addr`, without the SDK's retries, given up
+/// (unanswered: `None`) after `patience`.
+async fn create_once(
+    addr: &str,
+    id: &str,
+    patience: Duration,
+) -> Option<Result<(), tonic::Status>> {
+    let mut jobs = JobsClient::new(kairos_client::channel(addr).expect("channel"));
+    let req = pb::CreateJobRequest {
+        spec: Some(every_job(id, "age", 60_000)),
+    };
+    let call = jobs.create_job(req);
+    tokio::time::timeout(patience, call)
+        .await
+        .ok()
+        .map(|r| r.map(drop))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_write_in_the_log_cannot_commit_later_writes_are_refused_naming_its_age() {
+    let mut cluster = Cluster::start(3, &["--admit-max-write-age-ms", "300"]);
+    let leader = cluster.wait_leader().await;
+    let c = cluster.client();
+    create(&c, every_job("before", "age", 60_000))
+        .await
+        .expect("a write");
+    // Both followers stop taking entries: from now on nothing commits.
+    let stall = applied_index(&cluster).await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    for id in &followers {
+        restart_with_failpoint(&mut cluster, *id, &format!("stall-log-after={stall}")).await;
+    }
+    let addr = cluster.node(leader).addr.clone();
+    let stuck = {
+        let addr = addr.clone();
+        tokio::spawn(async move { create_once(&addr, "stuck", Duration::from_secs(600)).await })
+    };
+    wait_for("the write in the log", Duration::from_secs(30), || async {
+        let last = cluster.metric(leader, "kairos_raft_last_log_index")?;
+        let applied = cluster.metric(leader, "kairos_raft_applied_index")?;
+        (last > applied).then_some(())
+    })
+    .await;
+    // Later writes find it waiting: once it has waited past the bound they
+    // are refused (a probe sent before that joins it, unanswered).
+    let mut probes = 0;
+    let refusal = wait_for(
+        "a refusal for the write age",
+        Duration::from_secs(60),
+        || {
+            probes += 1;
+            let (addr, id) = (addr.clone(), format!("probe-{probes}"));
+            async move {
+                match create_once(&addr, &id, Duration::from_secs(2)).await? {
+                    Err(s) if s.code() == Code::ResourceExhausted => Some((id, s)),
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await;
+    let (refused_id, status) = refusal;
+    let age = "ms the oldest client write in the log waits for its answer";
+    assert!(status.message().contains(age), "{status:?}");
+    // Refused whatever the reserve (16, and one or two writes in flight).
+    let hint = status.metadata().get(RETRY_AFTER_HEADER);
+    assert!(hint.is_some(), "{status:?}");
+
+    // The followers take entries again: the refused write wrote nothing,
+    // and writes are admitted again. (The stuck one was answered with a
+    // timeout after 5 s; its entry commits now.)
+    for id in &followers {
+        restart_with_failpoint(&mut cluster, *id, "").await;
+    }
+    create(&c, every_job("after", "age", 60_000))
+        .await
+        .expect("a write once unstuck");
+    assert!(
+        stuck.await.expect("task").is_some(),
+        "the stuck write was answered"
+    );
+    let ids = job_ids(&c, "").await;
+    assert!(ids.contains("stuck") && ids.contains("after"), "{ids:?}");
+    assert!(!ids.contains(&refused_id), "{ids:?}");
 }

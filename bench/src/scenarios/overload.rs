@@ -38,6 +38,8 @@ const WARM: Duration = Duration::from_secs(3);
 const IN_FLIGHT_MAX: usize = 4096;
 /// Every create attempt should be answered (ok or refused) within this.
 const ANSWER_TARGET_MS: i64 = 1000;
+/// How many slow create attempts the report lists by when they started.
+const SLOW_LISTED: usize = 50;
 /// How long creates still in flight at the end of a phase may take.
 const SETTLE: Duration = Duration::from_secs(15);
 const SETUP_LIMIT: Duration = Duration::from_secs(300);
@@ -308,6 +310,14 @@ fn report_creates(r: &mut Report, p: &Phase) {
     let mut answers = a.answer_ms(|_| true);
     let late = answers.iter().filter(|ms| **ms > ANSWER_TARGET_MS).count();
     r.set("create_attempts_over_1s", late as u64);
+    if late > 0 {
+        let slow = a.slow(ANSWER_TARGET_MS, SLOW_LISTED);
+        let slow: Vec<String> = slow.iter().map(|(at, ms)| format!("{at}+{ms}")).collect();
+        r.note(format!(
+            "create attempts over 1 s (wall-clock start ms + answer ms): {}",
+            slow.join(" ")
+        ));
+    }
     r.summary("create_answer_ms", summarize(&mut answers));
     let mut ok = a.answer_ms(|c| c == Code::Ok);
     r.summary("create_ok_answer_ms", summarize(&mut ok));

@@ -223,6 +223,11 @@ pub struct ServeArgs {
     /// it is refused, unwritten.
     #[arg(long, env = "KAIROS_ADMIT_MAX_WAIT_MS", default_value_t = Bounds::default().max_wait_ms)]
     admit_max_wait_ms: u64,
+    /// How long the oldest client write batch in the log may wait for its
+    /// answer (1..60000 ms); past it every client write is refused, the
+    /// reserve included, until that batch is answered.
+    #[arg(long, env = "KAIROS_ADMIT_MAX_WRITE_AGE_MS", default_value_t = Bounds::default().max_write_age_ms)]
+    admit_max_write_age_ms: u64,
     /// How late the leader's oldest due timer not yet proposed may be
     /// (1..3600000 ms); past it the cluster is behind on fires it owes and
     /// client writes get only the reserve.
@@ -430,6 +435,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
         max_backlog: a.admit_max_backlog,
         max_backlog_ms: a.admit_max_backlog_ms,
         max_wait_ms: a.admit_max_wait_ms,
+        max_write_age_ms: a.admit_max_write_age_ms,
         max_fire_lag_ms: a.admit_max_fire_lag_ms,
         write_target_ms: a.admit_write_target_ms,
         reserve: (a.admit_reserve)
