@@ -1076,15 +1076,15 @@ impl StateMachine {
     /// windows to sled while apply goes on; woken early by a window sealed
     /// full or sled let go. Under load a window spans `flush_ms` plus one
     /// write, so the slower the writes, the more each window coalesces (up
-    /// to [`FLUSH_KEYS`]); on a saturated CPU the writes wait, and apply
-    /// writes itself past [`HELD_KEYS`]. The thread stops when this task
+    /// to [`FLUSH_KEYS`]); if the writes fall behind, apply writes itself
+    /// past [`HELD_KEYS`]. The thread stops when this task
     /// is dropped.
     ///
     /// Not at a lower priority: every sled write, the Raft log's included,
     /// goes through one shared log whose buffers are made durable in order,
     /// and sled's batches take a process-wide lock that waits for readers in
     /// flight, so a flusher the scheduler sets aside holds the Raft appends
-    /// back behind it. At nice 10 the leader stalled 1.2-2.1 s (no log line
+    /// back behind it. At nice 10 the leader stalled 1.2-2.8 s (no log line
     /// at all) in every 5x-overload run, at nice 0 at most 0.95 s
     /// (BENCHMARKS, twelfth pass).
     pub async fn run_flusher(self) {
