@@ -1084,7 +1084,7 @@ impl StateMachine {
     /// goes through one shared log whose buffers are made durable in order,
     /// and sled's batches take a process-wide lock that waits for readers in
     /// flight, so a flusher the scheduler sets aside holds the Raft appends
-    /// back behind it. At nice 10 the leader stalled 1.2-2.8 s (no log line
+    /// back behind it. At nice 10 the leader stalled 1.5-2.5 s (no log line
     /// at all) in every 5x-overload run, at nice 0 at most 0.95 s
     /// (BENCHMARKS, twelfth pass).
     pub async fn run_flusher(self) {
