@@ -123,23 +123,39 @@ fn build_bin(dir: &std::path::Path, package: &str, bin: &str) {
 
 /// A free loopback port below Linux's ephemeral range (32768–60999): a port
 /// taken from that range can be handed to some outgoing connection's local
-/// end before the node binds it ("address in use" at start). Random start,
-/// a bind to check it is free, never the same port twice in one process.
+/// end before the node binds it ("address in use" at start).
+///
+/// Test binaries run as separate processes at once (nextest), and a port is
+/// only bound by its node some time after it is handed out, or stands unbound
+/// while a test has its node stopped. So a bind check alone lets two processes
+/// take the same port (CI saw a node die with "address in use" at start). Each
+/// port handed out is therefore claimed across processes: an exclusive lock on
+/// `$TMPDIR/kairos-test-ports/<port>`, held until this process exits (the
+/// kernel drops it then, so a killed test leaves no stale claim).
 pub fn free_port() -> u16 {
     use std::hash::{BuildHasher, Hasher};
-    static GIVEN: std::sync::Mutex<Option<std::collections::HashSet<u16>>> =
-        std::sync::Mutex::new(None);
+    static HELD: std::sync::Mutex<Vec<(u16, std::fs::File)>> = std::sync::Mutex::new(Vec::new());
     const LOW: u64 = 10_000;
     const SPAN: u64 = 22_000;
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    let given = given.get_or_insert_with(Default::default);
+    let claims = std::env::temp_dir().join("kairos-test-ports");
+    std::fs::create_dir_all(&claims).expect("create the port claim directory");
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());
     let start = h.finish();
     for i in 0..SPAN {
         let port = (LOW + (start + i) % SPAN) as u16;
-        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            given.insert(port);
+        if held.iter().any(|(p, _)| *p == port) {
+            continue;
+        }
+        let claim = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(claims.join(port.to_string()))
+            .expect("open a port claim file");
+        if claim.try_lock().is_ok() && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            held.push((port, claim));
             return port;
         }
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use kairos_client::worker::{Outcome, Task, Worker};
 use kairos_client::{pb, Client};
 use kairos_proto::v1::cluster_client::ClusterClient;
-use kairos_tests::{create, every_job, wait_for, Cluster};
+use kairos_tests::{create, every_job, free_port, wait_for, Cluster};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -653,11 +653,7 @@ impl Browser {
                  (apt-get install -y chromium chromium-driver; .ci/run installs them)"
             );
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let driver = Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
