@@ -78,6 +78,7 @@ pub struct Metrics {
     apply: Histogram,
     log_append: Histogram,
     state_flush: Histogram,
+    runtime_lag: Histogram,
     leader_changes: Counter,
     wheel_entries: Gauge,
     fire_allowance: Gauge,
@@ -132,6 +133,7 @@ impl Metrics {
             apply: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             log_append: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             state_flush: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            runtime_lag: seconds(),
             leader_changes: Counter::default(),
             wheel_entries: Gauge::default(),
             fire_allowance: Gauge::default(),
@@ -206,6 +208,14 @@ impl Metrics {
             "Time to append a batch of entries to the Raft log, fsync included",
             Unit::Seconds,
             self.log_append.clone(),
+        );
+        r.register_with_unit(
+            "kairos_runtime_lag",
+            "How late a task that asks to wake every 10 ms is woken: time every \
+             async runtime worker was busy with other work (or the process was \
+             not scheduled), which delays Raft messages and answers alike",
+            Unit::Seconds,
+            self.runtime_lag.clone(),
         );
         r.register_with_unit(
             "kairos_state_flush",
@@ -393,6 +403,10 @@ impl Metrics {
 
     pub fn log_appended(&self, took: Duration) {
         self.log_append.observe(took.as_secs_f64());
+    }
+
+    pub fn runtime_lagged(&self, late: Duration) {
+        self.runtime_lag.observe(late.as_secs_f64());
     }
 
     pub fn state_flushed(&self, took: Duration) {

@@ -661,6 +661,34 @@ async fn sample_apply(node: Arc<Node>) {
     }
 }
 
+/// How often the runtime lag probe asks to be woken.
+const LAG_PROBE_MS: u64 = 10;
+/// A lag at least this long is logged (a warning each): every Raft message
+/// and answer of this node waited as long.
+const LAG_WARN_MS: u64 = 250;
+
+/// Measures how late the async runtime wakes a task that is due
+/// (`kairos_runtime_lag_seconds`): while every worker is busy with other
+/// tasks, or the process is not scheduled, nothing due runs, Raft's
+/// heartbeats and replies included. A wake-up late by [`LAG_WARN_MS`] or
+/// more is also logged, so a stall can be told from a slow peer or disk.
+async fn probe_runtime_lag(node: Arc<Node>) {
+    let every = Duration::from_millis(LAG_PROBE_MS);
+    loop {
+        let asked = std::time::Instant::now();
+        tokio::time::sleep(every).await;
+        let late = asked.elapsed().saturating_sub(every);
+        node.metrics.runtime_lagged(late);
+        if late >= Duration::from_millis(LAG_WARN_MS) {
+            tracing::warn!(
+                late_ms = late.as_millis() as u64,
+                "the async runtime ran no due task for this long (every worker busy, \
+                 or the process not scheduled)"
+            );
+        }
+    }
+}
+
 async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
     let size = |item: &ProposalItem| item.bytes;
     in_batches(rx, limits::PROPOSAL_BATCH_MAX, size, |batch| {
@@ -916,6 +944,7 @@ pub async fn run(
         tokio::spawn(commit_finishes(node.clone(), finish_rx)),
         tokio::spawn(group_proposals(node.clone(), proposal_rx)),
         tokio::spawn(sample_apply(node.clone())),
+        tokio::spawn(probe_runtime_lag(node.clone())),
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
         tokio::spawn(crate::membership::finish_interrupted(node.clone())),

@@ -175,6 +175,11 @@ async fn a_run_is_traced_counted_and_every_dashboard_metric_is_exported() {
     assert_eq!(m(succeeded), 1.0);
     assert_eq!(m("kairos_fires_total{group=\"obs\"}"), 1.0);
     assert!(m("kairos_log_append_seconds_count") >= 1.0);
+    // The runtime lag probe wakes every 10 ms from the start.
+    wait_for("runtime lag samples", Duration::from_secs(30), || async {
+        (m("kairos_runtime_lag_seconds_count") >= 10.0).then_some(())
+    })
+    .await;
     assert!(m("kairos_raft_commit_index") >= 1.0);
     // The applied state reaches the store within a flush window (1 s).
     wait_for("a state flush", Duration::from_secs(30), || async {
