@@ -673,15 +673,14 @@ const LAG_WARN_MS: u64 = 250;
 /// heartbeats and replies included. A wake-up late by [`LAG_WARN_MS`] or
 /// more is also logged, so a stall can be told from a slow peer or disk.
 async fn probe_runtime_lag(node: Arc<Node>) {
-    let every = Duration::from_millis(LAG_PROBE_MS);
     loop {
-        let asked = std::time::Instant::now();
-        tokio::time::sleep(every).await;
-        let late = asked.elapsed().saturating_sub(every);
-        node.metrics.runtime_lagged(late);
-        if late >= Duration::from_millis(LAG_WARN_MS) {
+        let asked_ms = node.clock.mono_ms();
+        tokio::time::sleep(Duration::from_millis(LAG_PROBE_MS)).await;
+        let late_ms = (node.clock.mono_ms() - asked_ms - LAG_PROBE_MS as i64).max(0) as u64;
+        node.metrics.runtime_lagged(Duration::from_millis(late_ms));
+        if late_ms >= LAG_WARN_MS {
             tracing::warn!(
-                late_ms = late.as_millis() as u64,
+                late_ms,
                 "the async runtime ran no due task for this long (every worker busy, \
                  or the process not scheduled)"
             );
