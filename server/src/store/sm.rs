@@ -751,11 +751,7 @@ impl StateMachine {
                 break;
             }
             let sm = self.clone();
-            blocking(move || {
-                sm.inner.dirty.write().seal();
-                sm.write_sealed().map_err(std::io::Error::other)
-            })
-            .await?;
+            blocking(move || sm.seal_and_write().map_err(std::io::Error::other)).await?;
         }
         let _g = self.inner.apply_lock.lock().await;
         let start = std::time::Instant::now();
@@ -999,6 +995,13 @@ impl StateMachine {
         self.write_sealed_locked()
     }
 
+    /// Seals the open window, then writes every sealed one
+    /// ([`Self::write_sealed`]): all that apply holds reaches sled.
+    fn seal_and_write(&self) -> Result<(), sled::Error> {
+        self.inner.dirty.write().seal();
+        self.write_sealed()
+    }
+
     /// [`Self::write_sealed`] with the write lock held by the caller.
     fn write_sealed_locked(&self) -> Result<(), sled::Error> {
         while self.write_oldest()? {}
@@ -1085,13 +1088,10 @@ impl StateMachine {
         let _serial = self.inner.freeze_lock.lock().await;
         let _g = self.inner.apply_lock.lock().await;
         let sm = self.clone();
-        tokio::task::spawn_blocking(move || {
-            sm.inner.dirty.write().seal();
-            sm.write_sealed()
-        })
-        .await
-        .map_err(sm_err)?
-        .map_err(sm_err)
+        tokio::task::spawn_blocking(move || sm.seal_and_write())
+            .await
+            .map_err(sm_err)?
+            .map_err(sm_err)
     }
 
     /// The flusher: a thread of its own, at the same CPU priority as apply
