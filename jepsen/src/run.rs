@@ -226,7 +226,7 @@ async fn drive(
     net: Option<Arc<Net>>,
 ) -> Result<()> {
     let clock = Clock::new();
-    let rec = Recorder::create(&cfg.out.join(HISTORY_FILE), clock)?;
+    let rec = Recorder::create(&cfg.out.join(HISTORY_FILE), clock.clone())?;
     let nodes = start_nodes(cfg, id, &cluster).await?;
     let m = meta(cfg, id, nemeses, &nodes, net.is_some(), clock.now_ms());
     rec.record(Event::Meta(m)).await;
