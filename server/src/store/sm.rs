@@ -323,8 +323,9 @@ struct Inner {
     /// goes on into memory, up to `held_limits`.
     frozen: std::sync::atomic::AtomicBool,
     /// Set while a freeze is on its way to `frozen`: the flusher starts no
-    /// write meanwhile, so the freeze never waits for one under the apply
-    /// lock (apply itself still writes past `held_limits`).
+    /// round of writes meanwhile, so the freeze writes up to its own seal
+    /// and no further (a round under way, or apply past `held_limits`, may
+    /// still write later windows first: sled then freezes at a later index).
     freeze_pending: std::sync::atomic::AtomicBool,
     /// Keys and bytes held in memory past which apply writes the sealed
     /// windows itself, or while frozen waits.
@@ -774,8 +775,8 @@ impl StateMachine {
     /// returned guard is dropped. The apply lock is never taken: apply goes
     /// on into memory all the while (up to `held_limits`), so a snapshot or
     /// digest does not stall it, and sled holds the state at the index
-    /// applied when the freeze began. From the start the flusher starts no
-    /// write (`freeze_pending`), so it cannot write past that index.
+    /// applied when the freeze began (or a later one, see
+    /// `freeze_pending`).
     /// `serial` is the held `freeze_lock`.
     ///
     /// It used to take the apply lock and write under it: first the whole
