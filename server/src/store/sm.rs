@@ -221,18 +221,13 @@ impl Dirty {
             }
             self.open.insert(k, v);
         }
-        let sealed_since = vanished.seals != self.seals;
-        let keep: Vec<bool> = {
+        let mut gone = vanished.keys;
+        if vanished.seals != self.seals {
             let sealed = self.sealed_layers();
             let below = Stack::new(&sealed, tree);
-            let keys = vanished.keys.iter();
-            keys.map(|k| sealed_since && below.get(k).is_some())
-                .collect()
-        };
-        for (k, keep) in vanished.keys.into_iter().zip(keep) {
-            if keep {
-                continue;
-            }
+            gone.retain(|k| below.get(k).is_none());
+        }
+        for k in gone {
             if let Some(old) = self.open.remove(&k) {
                 self.open_bytes -= pair_size(&k, &old);
             }
