@@ -21,7 +21,7 @@ use kairos_proto::v1::{
     workers_server::WorkersServer,
 };
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
@@ -72,7 +72,6 @@ pub async fn serve_public(
         server = server.tls_config(tls.public_server())?;
     }
     server
-        .tcp_nodelay(true)
         .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
@@ -83,7 +82,7 @@ pub async fn serve_public(
             WorkersServer::new(workers::WorkerService { node })
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await?;
     Ok(())
 }
@@ -100,15 +99,23 @@ pub async fn serve_peer(
         server = server.tls_config(tls.peer_server())?;
     }
     server
-        .tcp_nodelay(true)
         .add_service(
             PeerServer::new(peer::PeerService { node })
                 .max_decoding_message_size(PEER_MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(PEER_MAX_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await?;
     Ok(())
+}
+
+/// The connections `listener` accepts, with Nagle's algorithm off.
+/// `Server::tcp_nodelay` applies only to listeners tonic binds itself; on
+/// ours every small message written while an earlier one was unacknowledged
+/// (an assignment, a Raft reply) waited for the peer's delayed ACK, tens of
+/// milliseconds on Linux.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 pub fn has_header<T>(req: &Request<T>, name: &str) -> bool {
@@ -185,4 +192,29 @@ pub async fn read_barrier<T>(node: &Node, req: &Request<T>) -> Result<(), Status
             }
             other => Status::unavailable(format!("read index: {other}")),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    #[tokio::test]
+    async fn accepted_connections_have_nagle_off() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = super::incoming(listener);
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let accepted = incoming.next().await.unwrap().unwrap();
+        assert!(
+            accepted.nodelay().unwrap(),
+            "Nagle on for an accepted connection"
+        );
+        // The default this guards against: a plain accept leaves Nagle on.
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let plain_addr = plain.local_addr().unwrap();
+        let _c = tokio::net::TcpStream::connect(plain_addr).await.unwrap();
+        let (s, _) = plain.accept().await.unwrap();
+        assert!(!s.nodelay().unwrap());
+        drop(client);
+    }
 }
