@@ -11,8 +11,9 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::serve::{ListenerExt, TapIo};
 use axum::Router;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::node::Node;
 
@@ -27,11 +28,24 @@ pub async fn serve(
         .route("/metrics", get(metrics))
         .merge(crate::console::router())
         .with_state(node);
-    if let Err(e) = axum::serve(listener, app)
+    if let Err(e) = axum::serve(nagle_off(listener), app)
         .with_graceful_shutdown(shutdown)
         .await
     {
         tracing::error!("http server: {e}");
+    }
+}
+
+/// `listener` with Nagle off on every connection it accepts, as on the gRPC
+/// ports (`grpc::incoming`): a response's second small write must not wait
+/// for the client's delayed ACK.
+fn nagle_off(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
+    listener.tap_io(set_nodelay)
+}
+
+fn set_nodelay(tcp: &mut TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("http: TCP_NODELAY not set: {e}");
     }
 }
 
@@ -55,4 +69,19 @@ async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         node.metrics.render(&node),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::serve::Listener;
+
+    #[tokio::test]
+    async fn accepted_connections_have_nagle_off() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut listener = super::nagle_off(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await;
+        assert!(accepted.nodelay().unwrap());
+    }
 }
