@@ -39,7 +39,7 @@ pub async fn serve(
 /// `listener` with Nagle off on every connection it accepts, as on the gRPC
 /// ports (`grpc::incoming`): a response's second small write must not wait
 /// for the client's delayed ACK.
-fn nagle_off(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
+pub(crate) fn nagle_off(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
     listener.tap_io(set_nodelay)
 }
 
@@ -69,19 +69,4 @@ async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         node.metrics.render(&node),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use axum::serve::Listener;
-
-    #[tokio::test]
-    async fn accepted_connections_have_nagle_off() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut listener = super::nagle_off(listener);
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (accepted, _) = listener.accept().await;
-        assert!(accepted.nodelay().unwrap());
-    }
 }

@@ -196,25 +196,30 @@ pub async fn read_barrier<T>(node: &Node, req: &Request<T>) -> Result<(), Status
 
 #[cfg(test)]
 mod tests {
+    use axum::serve::Listener;
+    use tokio::net::{TcpListener, TcpStream};
     use tokio_stream::StreamExt;
 
+    /// Nagle is off on what the gRPC and the HTTP listeners accept, and on
+    /// by default, which is what they guard against.
     #[tokio::test]
     async fn accepted_connections_have_nagle_off() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut incoming = super::incoming(listener);
-        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let accepted = incoming.next().await.unwrap().unwrap();
-        assert!(
-            accepted.nodelay().unwrap(),
-            "Nagle on for an accepted connection"
+        let bind = || TcpListener::bind("127.0.0.1:0");
+        let (grpc, http, plain) = (
+            bind().await.unwrap(),
+            bind().await.unwrap(),
+            bind().await.unwrap(),
         );
-        // The default this guards against: a plain accept leaves Nagle on.
-        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let plain_addr = plain.local_addr().unwrap();
-        let _c = tokio::net::TcpStream::connect(plain_addr).await.unwrap();
-        let (s, _) = plain.accept().await.unwrap();
-        assert!(!s.nodelay().unwrap());
-        drop(client);
+        let addrs = [grpc.local_addr(), http.local_addr(), plain.local_addr()].map(Result::unwrap);
+        let mut clients = Vec::new();
+        for a in addrs {
+            clients.push(TcpStream::connect(a).await.unwrap());
+        }
+        let via_grpc = super::incoming(grpc).next().await.unwrap().unwrap();
+        let (via_http, _) = crate::http::nagle_off(http).accept().await;
+        let (via_plain, _) = plain.accept().await.unwrap();
+        assert!(via_grpc.nodelay().unwrap(), "gRPC listener left Nagle on");
+        assert!(via_http.nodelay().unwrap(), "HTTP listener left Nagle on");
+        assert!(!via_plain.nodelay().unwrap());
     }
 }
