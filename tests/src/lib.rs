@@ -814,3 +814,30 @@ impl Drop for ShellWorker {
         let _ = self.0.wait();
     }
 }
+
+/// Opens a raw worker stream to `addr` and sends `hello` first; the sender
+/// carries the worker's next messages (drop it to end the stream).
+pub async fn worker_session(
+    addr: &str,
+    hello: pb::Hello,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<pb::WorkerMessage>,
+        tonic::Streaming<pb::ServerMessage>,
+    ),
+    tonic::Status,
+> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tx.send(pb::WorkerMessage {
+        msg: Some(pb::worker_message::Msg::Hello(hello)),
+    })
+    .await
+    .expect("the stream's sender is held here");
+    let mut client = pb::workers_client::WorkersClient::new(kairos_client::channel(addr)?)
+        .max_encoding_message_size(8 << 20);
+    let inbound = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    Ok((tx, inbound))
+}

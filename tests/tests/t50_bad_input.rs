@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use kairos_client::pb::{self, server_message::Msg as In, worker_message::Msg as Out};
-use kairos_client::{channel, Client};
-use kairos_tests::{create, every_job, wait_for, Cluster};
+use kairos_client::Client;
+use kairos_tests::{create, every_job, wait_for, worker_session, Cluster};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Streaming};
+use tonic::Code;
+use tonic::Streaming;
 
 async fn applied_index(c: &Client) -> u64 {
     let s = c.status().await.expect("status");
@@ -86,29 +86,6 @@ async fn bad_job_specs_are_refused_naming_the_field_and_write_nothing() {
     );
 }
 
-/// Opens a raw worker stream and sends `hello` first.
-async fn session(
-    addr: &str,
-    hello: pb::Hello,
-) -> Result<
-    (
-        mpsc::Sender<pb::WorkerMessage>,
-        Streaming<pb::ServerMessage>,
-    ),
-    tonic::Status,
-> {
-    let (tx, rx) = mpsc::channel(16);
-    tx.send(pb::WorkerMessage {
-        msg: Some(Out::Hello(hello)),
-    })
-    .await
-    .unwrap();
-    let mut client =
-        pb::workers_client::WorkersClient::new(channel(addr)?).max_encoding_message_size(8 << 20);
-    let inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
-    Ok((tx, inbound))
-}
-
 fn hello(id: &str, groups: &[&str], capacity: u32) -> pb::Hello {
     pb::Hello {
         worker_id: id.into(),
@@ -146,7 +123,7 @@ async fn bad_hellos_are_refused_naming_the_field() {
         ),
     ];
     for (h, want) in cases {
-        let Err(err) = session(&addr, h).await else {
+        let Err(err) = worker_session(&addr, h).await else {
             panic!("hello accepted; wanted {want:?}");
         };
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
@@ -190,7 +167,7 @@ async fn bad_finishes_are_refused_in_the_ack_and_the_stream_stays_healthy() {
     let cluster = Cluster::start(1, &[]);
     cluster.wait_leader().await;
     let c = cluster.client();
-    let (tx, mut inbound) = session(&cluster.node(1).addr, hello("raw", &["fin"], 1))
+    let (tx, mut inbound) = worker_session(&cluster.node(1).addr, hello("raw", &["fin"], 1))
         .await
         .unwrap();
     assert!(matches!(next_msg(&mut inbound).await, In::Welcome(_)));

@@ -21,6 +21,12 @@ use crate::node::Node;
 /// Most runs one worker may hold at once.
 pub const CAPACITY_MAX: u32 = 10_000;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A worker stream with nothing from the worker (the SDK heartbeats every
+/// second) for this long is closed. Its host died or dropped off the network
+/// without the connection failing, which TCP alone notices only after many
+/// minutes; by now its attempts' leases have run out, and without this its
+/// free slots would go on taking new attempts that nobody runs.
+pub const SESSION_SILENCE_MS: i64 = crate::leader::dispatch::LEASE_MS;
 /// A stream whose node stopped leading waits up to this many polls of
 /// `NEW_LEADER_POLL` to learn the new leader before redirecting the worker:
 /// an empty redirect sends it through the endpoints 200 ms apart.
@@ -130,6 +136,8 @@ async fn run_session(
         .is_ok()
     {
         node.dispatch_now();
+        let silence = Duration::from_millis(SESSION_SILENCE_MS as u64);
+        let mut heard = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 m = to_worker.recv() => match m {
@@ -145,9 +153,22 @@ async fn run_session(
                         break;
                     }
                 },
-                m = inbound.message() => match m {
-                    Ok(Some(m)) => on_message(&node, conn, &hello.worker_id, m, &out),
-                    _ => break,
+                // A message already received wins over the deadline
+                // (`timeout_at` polls it first), so a loop held up sending
+                // does not count as the worker's silence.
+                m = tokio::time::timeout_at(heard + silence, inbound.message()) => match m {
+                    Ok(Ok(Some(m))) => {
+                        heard = tokio::time::Instant::now();
+                        on_message(&node, conn, &hello.worker_id, m, &out);
+                    }
+                    Ok(_) => break,
+                    Err(_) => {
+                        tracing::warn!(worker = %hello.worker_id, silent_ms = SESSION_SILENCE_MS, "worker sent nothing: closing its stream");
+                        let _ = out.try_send(Err(Status::unavailable(format!(
+                            "worker stream closed: nothing received for {SESSION_SILENCE_MS} ms (heartbeat every second)"
+                        ))));
+                        break;
+                    }
                 },
             }
         }
