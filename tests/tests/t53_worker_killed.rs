@@ -14,7 +14,18 @@ use kairos_client::pb;
 use kairos_client::worker::{Outcome, Task, Worker};
 use kairos_server::grpc::workers::SESSION_SILENCE_MS;
 use kairos_server::leader::dispatch::LEASE_MS;
-use kairos_tests::{create, wait_for, worker_session, Cluster};
+use kairos_tests::{create, once_job, wait_for, worker_session, Cluster};
+
+/// A one-shot due in 100 ms with `attempts` attempts 100 ms apart and a
+/// deadline ten minutes away (only a lost worker can end an attempt early).
+fn retried(id: &str, group: &str, attempts: u32) -> pb::JobSpec {
+    pb::JobSpec {
+        timeout_ms: 600_000,
+        max_attempts: attempts,
+        backoff_ms: 100,
+        ..once_job(id, group)
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_worker_s_run_is_retried_elsewhere_after_the_lease() {
@@ -26,18 +37,8 @@ async fn a_dead_worker_s_run_is_retried_elsewhere_after_the_lease() {
         tokio::time::sleep(Duration::from_secs(3600)).await;
         Outcome::Success(Vec::new())
     }));
-    let spec = pb::JobSpec {
-        id: "orphan".into(),
-        schedule: Some(pb::Schedule {
-            kind: Some(pb::schedule::Kind::AfterMs(100)),
-        }),
-        group: "die".into(),
-        // A deadline far away: only the missing heartbeat can end the attempt.
-        timeout_ms: 600_000,
-        max_attempts: 2,
-        backoff_ms: 100,
-        ..Default::default()
-    };
+    // A deadline far away: only the missing heartbeat can end the attempt.
+    let spec = retried("orphan", "die", 2);
     create(&c, spec).await.unwrap();
     let run_of = || async { c.list_runs("orphan", 1).await.ok()?.into_iter().next() };
     wait_for(
@@ -111,18 +112,7 @@ async fn a_silent_worker_s_stream_is_closed_and_its_attempt_runs_elsewhere() {
         || async { (workers()? == 1.0).then_some(()) },
     )
     .await;
-    let spec = pb::JobSpec {
-        id: "hushed".into(),
-        schedule: Some(pb::Schedule {
-            kind: Some(pb::schedule::Kind::AfterMs(100)),
-        }),
-        group: "quiet".into(),
-        timeout_ms: 600_000,
-        max_attempts: 3,
-        backoff_ms: 100,
-        ..Default::default()
-    };
-    create(&c, spec).await.unwrap();
+    create(&c, retried("hushed", "quiet", 3)).await.unwrap();
     // The stream carries the welcome and the assignment, then ends.
     let mut assigned = false;
     let ended = tokio::time::timeout(Duration::from_secs(60), async {
@@ -289,17 +279,9 @@ async fn a_worker_whose_leader_connection_goes_dead_reconnects_elsewhere() {
     )
     .await;
     relay.frozen.store(true, Ordering::SeqCst);
-    let spec = pb::JobSpec {
-        id: "after-freeze".into(),
-        schedule: Some(pb::Schedule {
-            kind: Some(pb::schedule::Kind::AfterMs(100)),
-        }),
-        group: "stranded".into(),
-        max_attempts: 5,
-        backoff_ms: 100,
-        ..Default::default()
-    };
-    create(&c, spec).await.unwrap();
+    create(&c, retried("after-freeze", "stranded", 5))
+        .await
+        .unwrap();
     let run = wait_for("the run to succeed", Duration::from_secs(90), || async {
         let r = c
             .list_runs("after-freeze", 1)
