@@ -38,13 +38,20 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// one snapshot chunk. Its bincode is decoded with the same limit.
 pub const PEER_MAX_MESSAGE_BYTES: usize = crate::core::codec::DECODE_LIMIT_BYTES;
 
-/// The public port pings each connection this often and closes one whose
-/// ping is not answered in `PUBLIC_KEEPALIVE_TIMEOUT`, so a client or watcher
-/// whose host vanished without closing its connection is let go within
-/// 25 s, not after TCP's many minutes (a worker stream is closed sooner, on
-/// silence: `workers::SESSION_SILENCE_MS`).
-const PUBLIC_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
-const PUBLIC_KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Both ports ping each connection this often and close one whose ping is
+/// not answered in `KEEPALIVE_TIMEOUT`, so a client, watcher or peer whose
+/// host vanished without closing its connection is let go within 25 s, not
+/// after TCP's many minutes (a worker stream is closed sooner, on silence:
+/// `workers::SESSION_SILENCE_MS`).
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A server with the keepalive above.
+fn server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}
 
 /// The services of the public port, as reflection names them.
 const PUBLIC_SERVICES: [&str; 5] = [
@@ -75,13 +82,11 @@ pub async fn serve_public(
             .register_encoded_file_descriptor_set(kairos_proto::FILE_DESCRIPTOR_SET)
     };
     let api = api::Api { node: node.clone() };
-    let mut server = tonic::transport::Server::builder();
+    let mut server = server();
     if let Some(tls) = &tls {
         server = server.tls_config(tls.public_server())?;
     }
     server
-        .http2_keepalive_interval(Some(PUBLIC_KEEPALIVE))
-        .http2_keepalive_timeout(Some(PUBLIC_KEEPALIVE_TIMEOUT))
         .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
@@ -104,7 +109,7 @@ pub async fn serve_peer(
     tls: Option<Arc<NodeTls>>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let mut server = tonic::transport::Server::builder();
+    let mut server = server();
     if let Some(tls) = &tls {
         server = server.tls_config(tls.peer_server())?;
     }
