@@ -25,7 +25,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// second) for this long is closed. Its host died or dropped off the network
 /// without the connection failing, which TCP alone notices only after many
 /// minutes; by now its attempts' leases have run out, and without this its
-/// free slots would go on taking new attempts that nobody runs.
+/// free slots would go on taking new attempts that nobody runs. (A stream
+/// the leader is stuck writing to, its window full, is ended by the port's
+/// keepalive instead: `grpc::KEEPALIVE`, within 25 s.)
 pub const SESSION_SILENCE_MS: i64 = crate::leader::dispatch::LEASE_MS;
 /// A stream whose node stopped leading waits up to this many polls of
 /// `NEW_LEADER_POLL` to learn the new leader before redirecting the worker:
