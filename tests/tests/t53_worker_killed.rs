@@ -27,6 +27,17 @@ fn retried(id: &str, group: &str, attempts: u32) -> pb::JobSpec {
     }
 }
 
+/// Waits until node 1 counts `n` workers in `group`.
+async fn workers_become(cluster: &Cluster, group: &str, n: u32) {
+    let metric = format!("kairos_workers{{group=\"{group}\"}}");
+    wait_for(
+        &format!("{n} workers in {group}"),
+        Duration::from_secs(60),
+        || async { (cluster.metric(1, &metric)? == f64::from(n)).then_some(()) },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_worker_s_run_is_retried_elsewhere_after_the_lease() {
     let cluster = Cluster::start(1, &[]);
@@ -54,12 +65,7 @@ async fn a_dead_worker_s_run_is_retried_elsewhere_after_the_lease() {
     let survivor = tokio::spawn(survivor.run(|t: Task| async move {
         Outcome::Success(format!("attempt {}", t.attempt).into_bytes())
     }));
-    wait_for(
-        "the survivor to register",
-        Duration::from_secs(60),
-        || async { (cluster.metric(1, "kairos_workers{group=\"die\"}")? == 2.0).then_some(()) },
-    )
-    .await;
+    workers_become(&cluster, "die", 2).await;
     doomed.abort();
     let killed = Instant::now();
     let run = wait_for(
@@ -105,13 +111,7 @@ async fn a_silent_worker_s_stream_is_closed_and_its_attempt_runs_elsewhere() {
     };
     let (_keep_open, mut inbound) = worker_session(&cluster.node(1).addr, hello).await.unwrap();
     let opened = Instant::now();
-    let workers = || cluster.metric(1, "kairos_workers{group=\"quiet\"}");
-    wait_for(
-        "the mute worker to register",
-        Duration::from_secs(60),
-        || async { (workers()? == 1.0).then_some(()) },
-    )
-    .await;
+    workers_become(&cluster, "quiet", 1).await;
     create(&c, retried("hushed", "quiet", 3)).await.unwrap();
     // The stream carries the welcome and the assignment, then ends.
     let mut assigned = false;
@@ -138,12 +138,7 @@ async fn a_silent_worker_s_stream_is_closed_and_its_attempt_runs_elsewhere() {
         closed_after >= Duration::from_millis(SESSION_SILENCE_MS as u64 - 1000),
         "closed after only {closed_after:?}"
     );
-    wait_for(
-        "the mute worker to be gone",
-        Duration::from_secs(60),
-        || async { (workers()? == 0.0).then_some(()) },
-    )
-    .await;
+    workers_become(&cluster, "quiet", 0).await;
     let live = Worker::connect(cluster.endpoints(), "quiet").id("live");
     let live = tokio::spawn(live.run(|_t: Task| async move { Outcome::Success(b"ran".to_vec()) }));
     let run = wait_for(
@@ -271,13 +266,7 @@ async fn a_worker_whose_leader_connection_goes_dead_reconnects_elsewhere() {
     // The relay first, so the worker's first session goes through it.
     let w = Worker::connect(vec![relay.addr.clone(), direct], "stranded").id("stranded");
     let w = tokio::spawn(w.run(|_t: Task| async move { Outcome::Success(b"ran".to_vec()) }));
-    let workers = || cluster.metric(1, "kairos_workers{group=\"stranded\"}");
-    wait_for(
-        "the worker to register",
-        Duration::from_secs(60),
-        || async { (workers()? == 1.0).then_some(()) },
-    )
-    .await;
+    workers_become(&cluster, "stranded", 1).await;
     relay.frozen.store(true, Ordering::SeqCst);
     create(&c, retried("after-freeze", "stranded", 5))
         .await
