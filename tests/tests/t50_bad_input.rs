@@ -9,8 +9,7 @@ use kairos_client::pb::{self, server_message::Msg as In, worker_message::Msg as 
 use kairos_client::Client;
 use kairos_tests::{create, every_job, wait_for, worker_session, Cluster};
 use tokio::sync::mpsc;
-use tonic::Code;
-use tonic::Streaming;
+use tonic::{Code, Streaming};
 
 async fn applied_index(c: &Client) -> u64 {
     let s = c.status().await.expect("status");

@@ -6,8 +6,6 @@
 //! Its attempt keeps its lease for `LEASE_MS` without a heartbeat, then it
 //! is expired through the log and retried on another worker, which succeeds.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kairos_client::pb;
@@ -15,6 +13,7 @@ use kairos_client::worker::{Outcome, Task, Worker};
 use kairos_server::grpc::workers::SESSION_SILENCE_MS;
 use kairos_server::leader::dispatch::LEASE_MS;
 use kairos_tests::{create, once_job, wait_for, worker_session, Cluster};
+use tokio::sync::watch;
 
 /// A one-shot due in 100 ms with `attempts` attempts 100 ms apart and a
 /// deadline ten minutes away (only a lost worker can end an attempt early).
@@ -196,18 +195,17 @@ async fn a_client_that_answers_no_ping_is_disconnected() {
 /// what a host that drops off the network looks like to both ends.
 struct Relay {
     addr: String,
-    frozen: Arc<AtomicBool>,
+    frozen: watch::Sender<bool>,
 }
 
 impl Relay {
     async fn start(upstream: String) -> Relay {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let frozen = Arc::new(AtomicBool::new(false));
-        let gate = frozen.clone();
+        let (frozen, gate) = watch::channel(false);
         tokio::spawn(async move {
             while let Ok((down, _)) = listener.accept().await {
-                if gate.load(Ordering::SeqCst) {
+                if *gate.borrow() {
                     continue; // dropped: refused
                 }
                 let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
@@ -223,34 +221,30 @@ impl Relay {
     }
 }
 
-/// Copies `from` to `to` until either closes; once `frozen`, reads nothing
-/// more and keeps both halves open.
+/// Copies `from` to `to` until either closes; once `frozen`, carries
+/// nothing more and keeps both halves open.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    frozen: Arc<AtomicBool>,
+    mut frozen: watch::Receiver<bool>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 << 10];
     loop {
-        if frozen.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        let read = tokio::time::timeout(Duration::from_millis(50), from.read(&mut buf)).await;
-        match read {
-            Err(_) => continue, // look at the flag again
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(n)) if frozen.load(Ordering::SeqCst) => {
-                let _ = n; // read after the freeze: dropped on the floor
-                std::future::pending::<()>().await;
-            }
-            Ok(Ok(n)) => {
-                if to.write_all(&buf[..n]).await.is_err() {
-                    return;
+        tokio::select! {
+            biased;
+            _ = async { drop(frozen.wait_for(|f| *f).await) } => break,
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
                 }
-            }
+            },
         }
     }
+    std::future::pending::<()>().await;
 }
 
 /// A worker (the SDK) whose connection to the leader goes dead without
@@ -267,7 +261,7 @@ async fn a_worker_whose_leader_connection_goes_dead_reconnects_elsewhere() {
     let w = Worker::connect(vec![relay.addr.clone(), direct], "stranded").id("stranded");
     let w = tokio::spawn(w.run(|_t: Task| async move { Outcome::Success(b"ran".to_vec()) }));
     workers_become(&cluster, "stranded", 1).await;
-    relay.frozen.store(true, Ordering::SeqCst);
+    relay.frozen.send_replace(true);
     create(&c, retried("after-freeze", "stranded", 5))
         .await
         .unwrap();
