@@ -377,6 +377,11 @@ impl Cluster {
         c.is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
+    /// Node `id`'s process id, while this cluster runs it.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.node(id).child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL: no shutdown path runs.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut c) = self.node_mut(id).child.take() {

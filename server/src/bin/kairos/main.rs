@@ -16,6 +16,10 @@ mod playground;
 /// mimalloc instead of the system allocator: under load the state machine
 /// allocates a key and a value per read and write, and glibc's malloc and
 /// free were a quarter of a leader's CPU (BENCHMARKS.md, seventh pass).
+/// Transparent huge pages are off for the process (`main`), and mimalloc is
+/// built with `no_thp` so it does not ask for them: otherwise every 2 MiB
+/// region of its arenas that is touched becomes resident whole (an idle
+/// node: 72 MB of RSS instead of 20; BENCHMARKS.md, seventeenth pass).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -488,6 +492,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Before the runtime's threads exist; `no_thp` keeps mimalloc from
+    // asking for huge pages, this keeps the kernel from giving them where
+    // THP is `always`. Nothing depends on it, so a refusal is only logged
+    // once logging is up.
+    let thp_off = rustix::thread::disable_transparent_huge_pages(true);
     let cli = Cli::parse();
     let cmd = match cli.cmd {
         Some(cmd) => cmd,
@@ -511,6 +520,9 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let _in_rt = rt.enter();
     let flush = init_logging(format, otlp.as_ref(), sink)?;
+    if let Err(e) = thp_off {
+        tracing::warn!(error = %e, "could not turn transparent huge pages off for this process");
+    }
     let done = run_cmd(&rt, cmd);
     // Queued spans are sent while the runtime still runs.
     if let Some(flush) = flush {
