@@ -16,10 +16,11 @@ mod playground;
 /// mimalloc instead of the system allocator: under load the state machine
 /// allocates a key and a value per read and write, and glibc's malloc and
 /// free were a quarter of a leader's CPU (BENCHMARKS.md, seventh pass).
-/// Transparent huge pages are off for the process (`main`), and mimalloc is
-/// built with `no_thp` so it does not ask for them: otherwise every 2 MiB
-/// region of its arenas that is touched becomes resident whole (an idle
-/// node: 72 MB of RSS instead of 20; BENCHMARKS.md, seventeenth pass).
+/// Transparent huge pages are off: mimalloc is built with `no_thp` so it
+/// does not ask for them, and `main` turns them off for the process so the
+/// kernel does not give them unasked where THP is `always`. Otherwise every
+/// 2 MiB region of mimalloc's arenas that is touched becomes resident whole
+/// (an idle node: 72 MB of RSS instead of 20; BENCHMARKS.md, seventeenth pass).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -492,10 +493,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    // Before the runtime's threads exist; `no_thp` keeps mimalloc from
-    // asking for huge pages, this keeps the kernel from giving them where
-    // THP is `always`. Nothing depends on it, so a refusal is only logged
-    // once logging is up.
+    // No huge pages (see `ALLOC`); a refusal is logged once logging is up.
     let thp_off = rustix::thread::disable_transparent_huge_pages(true);
     let cli = Cli::parse();
     let cmd = match cli.cmd {
