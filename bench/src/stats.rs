@@ -45,6 +45,30 @@ pub fn summarize(v: &mut [i64]) -> Option<Summary> {
     })
 }
 
+/// Seconds with fewer samples than this are left out of [`per_second_p99`]
+/// (a p99 of a handful of fires is their maximum).
+pub const PER_SECOND_MIN: usize = 100;
+
+/// The p99 of each second's samples, `(second, value)` pairs keyed by a
+/// time in ms, in time order; seconds with fewer than [`PER_SECOND_MIN`]
+/// samples are skipped. The run's p99 mixes a transient of a few seconds
+/// with the steady state; the median of these is the steady state, their
+/// maximum the worst second.
+pub fn per_second_p99(samples: &[(i64, i64)]) -> Vec<i64> {
+    let mut by_second: std::collections::BTreeMap<i64, Vec<i64>> = Default::default();
+    for &(at_ms, v) in samples {
+        by_second.entry(at_ms.div_euclid(1000)).or_default().push(v);
+    }
+    by_second
+        .into_values()
+        .filter(|v| v.len() >= PER_SECOND_MIN)
+        .map(|mut v| {
+            v.sort_unstable();
+            percentile(&v, 99.0)
+        })
+        .collect()
+}
+
 /// Median of a few values (for "median of N runs").
 pub fn median(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
@@ -159,6 +183,18 @@ mod tests {
         assert_eq!((s.min, s.p50, s.p99, s.max), (1, 50, 99, 100));
         assert_eq!(percentile(&[7], 99.9), 7);
         assert!(summarize(&mut []).is_none());
+    }
+
+    #[test]
+    fn per_second_p99_keeps_each_second_apart_and_skips_thin_ones() {
+        // Second 5: 100 fires, one of them 50 ms late, the rest 1-3 ms.
+        let mut v: Vec<(i64, i64)> = (0..99).map(|i| (5_000 + i, 1 + i % 3)).collect();
+        v.push((5_999, 50));
+        // Second 6: 200 fires at 9 ms. Second 7: 10 fires, too few.
+        v.extend((0..200).map(|i| (6_000 + i, 9)));
+        v.extend((0..10).map(|i| (7_000 + i, 400)));
+        assert_eq!(per_second_p99(&v), vec![3, 9]);
+        assert!(per_second_p99(&[]).is_empty());
     }
 
     #[test]

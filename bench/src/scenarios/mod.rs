@@ -152,6 +152,21 @@ pub fn report_lateness_as(r: &mut Report, prefix: &str, recs: &[&Rec]) {
     let first: Vec<&&Rec> = recs.iter().filter(|x| x.attempt <= 1).collect();
     let mut late: Vec<i64> = first.iter().map(|x| x.lateness_ms()).collect();
     r.summary(&format!("{prefix}lateness_ms"), summarize(&mut late));
+    let by_due: Vec<(i64, i64)> = (first.iter())
+        .map(|x| (x.scheduled_at_ms, x.lateness_ms()))
+        .collect();
+    // The steady state (the median second) and the worst second.
+    let per_s = crate::stats::per_second_p99(&by_due);
+    let mut as_f: Vec<f64> = per_s.iter().map(|&v| v as f64).collect();
+    let (steady, worst) = (crate::stats::median(&mut as_f), per_s.iter().max());
+    r.set(
+        &format!("{prefix}lateness_ms_p99_per_s_median"),
+        serde_json::json!(steady),
+    );
+    r.set(
+        &format!("{prefix}lateness_ms_p99_per_s_max"),
+        serde_json::json!(worst),
+    );
     let mut fire: Vec<i64> = (first.iter())
         .map(|x| x.fired_at_ms - x.scheduled_at_ms)
         .collect();
