@@ -107,6 +107,8 @@ pub struct Metrics {
     otel_spans_dropped: Counter,
     log_lines_dropped: Counter,
     apply_snapshot_waits: Counter,
+    shared_entries: Counter,
+    shared_proposals: Counter,
     /// One scrape at a time: levels are cleared and re-read, counters kept
     /// elsewhere are caught up.
     rendering: Mutex<()>,
@@ -161,6 +163,8 @@ impl Metrics {
             otel_spans_dropped: Counter::default(),
             log_lines_dropped: Counter::default(),
             apply_snapshot_waits: Counter::default(),
+            shared_entries: Counter::default(),
+            shared_proposals: Counter::default(),
             rendering: Mutex::new(()),
         };
         m.register()
@@ -363,6 +367,16 @@ impl Metrics {
             "Times apply waited for a snapshot or digest to finish reading the state, having held its limit in memory meanwhile",
             self.apply_snapshot_waits.clone(),
         );
+        r.register(
+            "kairos_shared_entries",
+            "Log entries this node proposed that carried several proposals (group commit of fires, assignments, finishes, expiries and client batches)",
+            self.shared_entries.clone(),
+        );
+        r.register(
+            "kairos_shared_proposals",
+            "Proposals that went out in a shared entry",
+            self.shared_proposals.clone(),
+        );
         self
     }
 
@@ -416,6 +430,12 @@ impl Metrics {
     pub fn set_commit_index(&self, index: u64) {
         self.raft_commit_index
             .set(i64::try_from(index).unwrap_or(i64::MAX));
+    }
+
+    /// A log entry went out carrying `proposals` proposals.
+    pub fn entry_shared(&self, proposals: usize) {
+        self.shared_entries.inc();
+        self.shared_proposals.inc_by(proposals as u64);
     }
 
     pub fn dispatched(&self, waited: Duration) {

@@ -215,6 +215,15 @@ const _: () = assert!(FINISH_PROPOSAL_REPORTS <= limits::FINISH_BATCH_MAX);
 /// Client-command batches in flight at once; while they are, new commands
 /// queue up and go out together in the next entry (group commit).
 const PROPOSALS_IN_FLIGHT: usize = 4;
+/// Shared entries in flight at once ([`combine_entries`]); what is proposed
+/// meanwhile waits to go out together in the next. One had lower lateness
+/// than two or four at 1,000 and 3,000 fires/s and the same saturated
+/// fires/s (BENCHMARKS.md, eighteenth pass): openraft appends entries one
+/// at a time whatever is in flight.
+const ENTRIES_IN_FLIGHT: usize = 1;
+/// Bound on proposals waiting for an entry (each caller has its own bound
+/// on what it proposes at once; past this one they wait to queue).
+const ENTRY_QUEUE: usize = 1024;
 
 pub struct Node {
     pub id: NodeId,
@@ -231,6 +240,7 @@ pub struct Node {
     assign_tx: mpsc::Sender<Handed>,
     finish_tx: mpsc::Sender<FinishItem>,
     proposal_tx: mpsc::Sender<ProposalItem>,
+    entry_tx: mpsc::Sender<Shared>,
     pub admission: Arc<Admission>,
     /// Cached channels: to peer listeners by (Some(id), addr), to public ones by (None, addr).
     channels: Mutex<HashMap<(Option<NodeId>, String), Channel>>,
@@ -257,7 +267,32 @@ const BATCH_QUEUE: usize = 65_536;
 impl Node {
     /// Proposes `cmd` as an entry of the cluster's active log format (which
     /// every member reads); a command that needs a newer one is refused.
+    /// Commands proposed meanwhile share its entry ([`combine_entries`]).
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
+        // Checked alone: in a shared entry it would refuse the others too.
+        let (needs, active) = (cmd.min_format(), self.sm.log_format());
+        if needs > active {
+            return Err(FormatTooNew { needs, active }.into());
+        }
+        let bytes = crate::core::codec::encoded_len(&cmd);
+        let (tx, rx) = oneshot::channel();
+        let (cmds, whole) = match cmd {
+            Command::Batch { commands } => (commands, true),
+            cmd => (vec![cmd], false),
+        };
+        let stopping = || ProposeError::Raft("the node is stopping".into());
+        let shared = Shared {
+            cmds,
+            whole,
+            bytes,
+            tx,
+        };
+        self.entry_tx.send(shared).await.map_err(|_| stopping())?;
+        rx.await.map_err(|_| stopping())?
+    }
+
+    /// Proposes `cmd` as one entry of its own.
+    async fn propose_alone(&self, cmd: Command) -> Result<Response, ProposeError> {
         let entry = VersionedCommand::at(&cmd, self.sm.log_format())?;
         self.propose_entry(entry).await
     }
@@ -520,26 +555,28 @@ impl Node {
     }
 }
 
-/// Drains up to `max` queued items after the first, so one log entry carries many.
-/// Takes the next batch: what is queued, up to `max` items and
-/// `limits::ENTRY_MAX_BYTES` of their `size`. An item that would overflow
-/// the bytes waits in `carry` for the next batch; a batch always has one item.
+/// Drains what is queued after the first item, so one log entry carries many.
+/// Takes the next batch: up to `max` commands and `limits::ENTRY_MAX_BYTES`
+/// of the items' `cost` (commands, bytes). An item that would overflow
+/// either waits in `carry` for the next batch; a batch always has one item.
 async fn next_batch<T>(
     rx: &mut mpsc::Receiver<T>,
     carry: &mut Option<T>,
     max: usize,
-    size: impl Fn(&T) -> usize,
+    cost: impl Fn(&T) -> (usize, usize),
 ) -> Option<Vec<T>> {
     let first = match carry.take() {
         Some(x) => x,
         None => rx.recv().await?,
     };
-    let mut bytes = size(&first);
+    let (mut n, mut bytes) = cost(&first);
     let mut batch = vec![first];
-    while batch.len() < max {
+    while n < max {
         let Ok(x) = rx.try_recv() else { break };
-        bytes = bytes.saturating_add(size(&x));
-        if bytes > limits::ENTRY_MAX_BYTES {
+        let (more, more_bytes) = cost(&x);
+        n = n.saturating_add(more);
+        bytes = bytes.saturating_add(more_bytes);
+        if n > max || bytes > limits::ENTRY_MAX_BYTES {
             *carry = Some(x);
             break;
         }
@@ -548,15 +585,19 @@ async fn next_batch<T>(
     Some(batch)
 }
 
-/// Bytes a finish report adds to a log entry (its strings and result, plus the fixed fields).
-fn finish_bytes(item: &FinishItem) -> usize {
+/// What a finish report adds to a log entry: one report, and its bytes (its
+/// strings and result, plus the fixed fields).
+fn finish_cost(item: &FinishItem) -> (usize, usize) {
     let r = &item.0;
-    r.result.len() + r.error.len() + r.worker.len() + r.run.job.len() + 64
+    (
+        1,
+        r.result.len() + r.error.len() + r.worker.len() + r.run.job.len() + 64,
+    )
 }
 
 async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
     let mut carry = None;
-    let size = |h: &Handed| h.run.job.len() + h.worker.len() + 32;
+    let size = |h: &Handed| (1, h.run.job.len() + h.worker.len() + 32);
     while let Some(batch) = next_batch(&mut rx, &mut carry, limits::FINISH_BATCH_MAX, size).await {
         for h in &batch {
             node.metrics.dispatched(h.waited);
@@ -582,24 +623,24 @@ async fn record_assignments(node: Arc<Node>, mut rx: mpsc::Receiver<Handed>) {
     }
 }
 
-/// Drains `rx` in batches of up to `max` with at most `PROPOSALS_IN_FLIGHT`
-/// batches being handled at once, so items arriving meanwhile share the
-/// next batch (one log entry) instead of each waiting for their own.
+/// Drains `rx` in batches (as [`next_batch`] takes them) with at most
+/// `in_flight` batches being handled at once, so items arriving meanwhile
+/// share the next batch (one log entry) instead of each waiting for their own.
 async fn in_batches<T, Fut>(
     mut rx: mpsc::Receiver<T>,
-    max: usize,
-    size: impl Fn(&T) -> usize,
+    (in_flight, max): (usize, usize),
+    cost: impl Fn(&T) -> (usize, usize),
     mut handle: impl FnMut(Vec<T>) -> Fut,
 ) where
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let permits = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
+    let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
     let mut carry = None;
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let Some(batch) = next_batch(&mut rx, &mut carry, max, &size).await else {
+        let Some(batch) = next_batch(&mut rx, &mut carry, max, &cost).await else {
             return;
         };
         let work = handle(batch);
@@ -612,7 +653,8 @@ async fn in_batches<T, Fut>(
 
 async fn commit_finishes(node: Arc<Node>, rx: mpsc::Receiver<FinishItem>) {
     use rand::Rng;
-    in_batches(rx, FINISH_PROPOSAL_REPORTS, finish_bytes, |batch| {
+    let (caps, cost) = ((PROPOSALS_IN_FLIGHT, FINISH_PROPOSAL_REPORTS), finish_cost);
+    in_batches(rx, caps, cost, |batch| {
         let (mut reports, waiters): (Vec<FinishReport>, Vec<_>) = batch.into_iter().unzip();
         let mut rng = rand::thread_rng();
         for r in &mut reports {
@@ -689,8 +731,9 @@ async fn probe_runtime_lag(node: Arc<Node>) {
 }
 
 async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
-    let size = |item: &ProposalItem| item.bytes;
-    in_batches(rx, limits::PROPOSAL_BATCH_MAX, size, |batch| {
+    let cost = |item: &ProposalItem| (1, item.bytes);
+    let caps = (PROPOSALS_IN_FLIGHT, limits::PROPOSAL_BATCH_MAX);
+    in_batches(rx, caps, cost, |batch| {
         // Commands that waited past the bound, or would now queue behind
         // too long a backlog, are refused, unproposed.
         let (now_ms, (_, backlog)) = (node.clock.mono_ms(), node.apply_progress());
@@ -705,6 +748,91 @@ async fn group_proposals(node: Arc<Node>, rx: mpsc::Receiver<ProposalItem>) {
         async move { propose_batch(&node, fresh).await }
     })
     .await
+}
+
+/// A proposal waiting for a log entry ([`combine_entries`]).
+struct Shared {
+    /// Its commands: one, or those of a client `Batch`.
+    cmds: Vec<Command>,
+    /// Whether it was a `Batch` (answered with its responses as one `Many`).
+    whole: bool,
+    /// Its encoded size.
+    bytes: usize,
+    tx: oneshot::Sender<Result<Response, ProposeError>>,
+}
+
+/// Group commit for everything this node proposes. The proposals queued
+/// while an entry is in flight (fires, assignment records, finishes, expiries,
+/// client batches) go out together as one `Batch` entry, each command
+/// applied as if alone, as every release has applied a `Batch`. openraft
+/// 0.9 appends and fsyncs entries one at a time, each before it is sent to
+/// the followers: a fire behind four entries waited for the leader's fsync
+/// of each of them, then its own, then a follower's. A proposal alone is
+/// proposed as it is, so a quiet node's log is unchanged.
+async fn combine_entries(node: Arc<Node>, rx: mpsc::Receiver<Shared>) {
+    let caps = (ENTRIES_IN_FLIGHT, limits::PROPOSAL_BATCH_MAX);
+    let cost = |s: &Shared| (s.cmds.len().max(1), s.bytes);
+    in_batches(rx, caps, cost, |group| {
+        let node = node.clone();
+        async move { propose_shared(&node, group).await }
+    })
+    .await
+}
+
+async fn propose_shared(node: &Node, mut group: Vec<Shared>) {
+    if let [_] = group.as_slice() {
+        let Some(one) = group.pop() else { return };
+        let mut cmds = one.cmds;
+        let cmd = match (one.whole, cmds.pop()) {
+            (false, Some(cmd)) if cmds.is_empty() => cmd,
+            (_, last) => {
+                cmds.extend(last);
+                Command::Batch { commands: cmds }
+            }
+        };
+        let _ = one.tx.send(node.propose_alone(cmd).await);
+        return;
+    }
+    let mut commands = Vec::new();
+    let mut waiters = Vec::with_capacity(group.len());
+    for s in group {
+        waiters.push((s.tx, s.whole, s.cmds.len()));
+        commands.extend(s.cmds);
+    }
+    node.metrics.entry_shared(waiters.len());
+    let res = node.propose_alone(Command::Batch { commands }).await;
+    let shapes: Vec<(bool, usize)> = waiters.iter().map(|(_, w, n)| (*w, *n)).collect();
+    for ((tx, _, _), r) in waiters.into_iter().zip(split_shared(&shapes, res)) {
+        let _ = tx.send(r);
+    }
+}
+
+/// Each proposal's answer from a shared entry's, in order: the responses of
+/// its commands, one (`whole` false) or all as one `Many`. An entry that
+/// failed, or answered otherwise than with a response per command (a refused
+/// `Batch`), gives every proposal that answer.
+fn split_shared(
+    shapes: &[(bool, usize)],
+    res: Result<Response, ProposeError>,
+) -> Vec<Result<Response, ProposeError>> {
+    let total: usize = shapes.iter().map(|(_, n)| n).sum();
+    let mut rs = match res {
+        Ok(Response::Many(rs)) if rs.len() == total => rs.into_iter(),
+        Ok(other) => {
+            let e = ProposeError::Raft(format!("shared entry answered {other:?}"));
+            return shapes.iter().map(|_| Err(e.clone())).collect();
+        }
+        Err(e) => return shapes.iter().map(|_| Err(e.clone())).collect(),
+    };
+    (shapes.iter())
+        .map(|&(whole, n)| {
+            let mut mine: Vec<Response> = rs.by_ref().take(n).collect();
+            match (whole, mine.len()) {
+                (false, 1) => Ok(mine.remove(0)),
+                _ => Ok(Response::Many(mine)),
+            }
+        })
+        .collect()
 }
 
 /// Proposes a batch (one command alone, else a `Batch` entry), answers each
@@ -918,6 +1046,7 @@ pub async fn run(
     let (assign_tx, assign_rx) = mpsc::channel(BATCH_QUEUE);
     let (finish_tx, finish_rx) = mpsc::channel(BATCH_QUEUE);
     let (proposal_tx, proposal_rx) = mpsc::channel(config.admission.max_commands);
+    let (entry_tx, entry_rx) = mpsc::channel(ENTRY_QUEUE);
     let node = Arc::new(Node {
         id: config.id,
         addr: config.advertise.clone(),
@@ -930,6 +1059,7 @@ pub async fn run(
         assign_tx,
         finish_tx,
         proposal_tx,
+        entry_tx,
         admission: Admission::new(config.admission, config.clock.mono_ms()),
         channels: Mutex::new(HashMap::new()),
         dialer,
@@ -942,6 +1072,7 @@ pub async fn run(
         tokio::spawn(record_assignments(node.clone(), assign_rx)),
         tokio::spawn(commit_finishes(node.clone(), finish_rx)),
         tokio::spawn(group_proposals(node.clone(), proposal_rx)),
+        tokio::spawn(combine_entries(node.clone(), entry_rx)),
         tokio::spawn(sample_apply(node.clone())),
         tokio::spawn(probe_runtime_lag(node.clone())),
         tokio::spawn(crate::leader::supervise(node.clone())),
@@ -1036,7 +1167,7 @@ mod tests {
         drop(tx);
         let mut carry = None;
         let mut batches = Vec::new();
-        while let Some(b) = next_batch(&mut rx, &mut carry, 100, |x: &usize| *x).await {
+        while let Some(b) = next_batch(&mut rx, &mut carry, 100, |x: &usize| (1, *x)).await {
             batches.push(b);
         }
         // An item larger than the cap still goes, alone.
@@ -1044,6 +1175,51 @@ mod tests {
             batches,
             vec![vec![mb / 2, mb / 2], vec![1], vec![mb * 2], vec![7]]
         );
+    }
+
+    #[test]
+    fn a_shared_entry_answers_each_proposal_with_its_own_responses() {
+        use crate::core::CommandError;
+        let refused = Response::Error(CommandError::Invalid("id: empty".into()));
+        let fired = Response::Fired {
+            runs: 3,
+            skipped_keys: 1,
+        };
+        // A fire, a client batch of two (one refused), a delete, an empty batch.
+        let shapes = [(false, 1), (true, 2), (false, 1), (true, 0)];
+        let entry = Response::Many(vec![
+            fired.clone(),
+            Response::Deleted(true),
+            refused.clone(),
+            Response::Deleted(false),
+        ]);
+        let got: Vec<Response> = split_shared(&shapes, Ok(entry))
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                fired,
+                Response::Many(vec![Response::Deleted(true), refused.clone()]),
+                Response::Deleted(false),
+                Response::Many(vec![]),
+            ]
+        );
+        // A failed entry fails every proposal in it, with its error.
+        let failed = split_shared(&shapes, Err(ProposeError::Timeout));
+        assert_eq!(failed.len(), 4);
+        assert!(failed
+            .iter()
+            .all(|r| matches!(r, Err(ProposeError::Timeout))));
+        // So does an answer that is not one response per command.
+        for wrong in [Response::Many(vec![Response::Deleted(true)]), refused] {
+            let split = split_shared(&shapes, Ok(wrong));
+            assert_eq!(split.len(), 4);
+            assert!(split
+                .iter()
+                .all(|r| matches!(r, Err(ProposeError::Raft(_)))));
+        }
     }
 
     #[test]
@@ -1056,16 +1232,29 @@ mod tests {
     #[tokio::test]
     async fn batches_are_cut_by_count() {
         let (tx, mut rx) = mpsc::channel(16);
+        let (tx2, mut rx2) = mpsc::channel(16);
         for i in 0..5usize {
             tx.send(i).await.unwrap();
         }
         drop(tx);
         let mut carry = None;
-        let first = next_batch(&mut rx, &mut carry, 3, |_: &usize| 1).await;
+        let one = |_: &usize| (1, 0);
+        let first = next_batch(&mut rx, &mut carry, 3, one).await;
         assert_eq!(first, Some(vec![0, 1, 2]));
         assert_eq!(
-            next_batch(&mut rx, &mut carry, 3, |_: &usize| 1).await,
+            next_batch(&mut rx, &mut carry, 3, one).await,
             Some(vec![3, 4])
         );
+        // Items of several commands: one that would pass the count leads the next.
+        for n in [2usize, 2, 3, 9] {
+            tx2.send(n).await.unwrap();
+        }
+        drop(tx2);
+        let own = |n: &usize| (*n, 0);
+        let mut cut = Vec::new();
+        while let Some(b) = next_batch(&mut rx2, &mut carry, 5, own).await {
+            cut.push(b);
+        }
+        assert_eq!(cut, vec![vec![2, 2], vec![3], vec![9]]);
     }
 }

@@ -113,3 +113,43 @@ async fn a_node_killed_halfway_through_a_large_flush_writes_it_again_at_open() {
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
     assert_eq!(job_ids(&c, "slow-").await.len(), 1_600);
 }
+
+/// Everything a node proposes shares log entries while one is in flight
+/// (`node::combine_entries`): with 300 jobs firing every 200 ms while more
+/// are created, the leader sends entries that carry several proposals, and
+/// still every create is answered with its own job, "tick" fires each time
+/// once, and the replicas' digests are equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposals_share_entries_and_each_keeps_its_own_outcome() {
+    let cluster = Cluster::start(3, &[]);
+    let c = start_ticking(&cluster).await;
+    let specs = |from: usize| {
+        (from..from + 150)
+            .map(|i| every_job(&format!("busy-{i}"), "g", 200))
+            .collect()
+    };
+    for r in c.create_jobs(specs(0), 64).await {
+        r.unwrap();
+    }
+    // Creates racing the fires: each answer is its own job.
+    let made = c.create_jobs(specs(150), 64).await;
+    for (i, r) in made.into_iter().enumerate() {
+        let spec = r.unwrap().spec.unwrap();
+        assert_eq!(spec.id, format!("busy-{}", 150 + i));
+    }
+    let leader = cluster.wait_leader().await;
+    let shared = wait_for("a shared entry", Duration::from_secs(60), || async {
+        let n = cluster.metric(leader, "kairos_shared_entries_total")?;
+        (n > 0.0).then_some(n)
+    })
+    .await;
+    let proposals = cluster
+        .metric(leader, "kairos_shared_proposals_total")
+        .unwrap();
+    assert!(
+        proposals >= 2.0 * shared,
+        "{proposals} proposals in {shared} entries"
+    );
+    assert_eq!(job_ids(&c, "busy-").await.len(), 300);
+    fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
+}
