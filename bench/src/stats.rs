@@ -49,9 +49,9 @@ pub fn summarize(v: &mut [i64]) -> Option<Summary> {
 /// (a p99 of a handful of fires is their maximum).
 pub const PER_SECOND_MIN: usize = 100;
 
-/// The p99 of each second's samples, `(second, value)` pairs keyed by a
-/// time in ms, in time order; seconds with fewer than [`PER_SECOND_MIN`]
-/// samples are skipped. The run's p99 mixes a transient of a few seconds
+/// The p99 of the values of each second, from `(time_ms, value)` samples,
+/// in time order; seconds with fewer than [`PER_SECOND_MIN`] samples are
+/// skipped. The run's p99 mixes a transient of a few seconds
 /// with the steady state; the median of these is the steady state, their
 /// maximum the worst second.
 pub fn per_second_p99(samples: &[(i64, i64)]) -> Vec<i64> {

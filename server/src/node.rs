@@ -780,7 +780,7 @@ async fn combine_entries(node: Arc<Node>, rx: mpsc::Receiver<Shared>) {
 }
 
 async fn propose_shared(node: &Node, mut group: Vec<Shared>) {
-    if let [_] = group.as_slice() {
+    if group.len() == 1 {
         let Some(one) = group.pop() else { return };
         let mut cmds = one.cmds;
         let cmd = match (one.whole, cmds.pop()) {
