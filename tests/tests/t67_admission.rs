@@ -205,8 +205,9 @@ async fn a_pipelined_client_gets_every_answer_in_its_place() {
     assert!(!listed.contains(&format!("p-{BAD}")));
 }
 
-/// Due one-shots released at once by a resume of firing: more than the leader's fire allowance (4,096 keys in flight).
-const BURST: usize = 8_000;
+/// Due one-shots released at once by a resume of firing: more than the
+/// leader's fire allowance (10 proposals of 1,024 keys in flight).
+const BURST: usize = 16_000;
 /// Concurrent creates sent while the burst drains.
 const PROBES: usize = 4;
 

@@ -41,8 +41,12 @@ const QUORUM_CHECK: Duration = Duration::from_millis(1000);
 const QUORUM_LOST: Duration = Duration::from_millis(2000);
 /// Fire proposals in flight at once: the next batch replicates while the
 /// previous one applies, and keys due meanwhile gather into the next batch.
-/// How many keys they hold together is paced (`pace`).
-const FIRES_IN_FLIGHT: usize = 4;
+/// How many keys they hold together is paced (`pace`). Ten hold a minute
+/// boundary of 10,000 cron jobs at once, so its fires go into the log
+/// together, ahead of the assignment records and finishes they cause; with
+/// four, the last of 9,000 waited behind those (BENCHMARKS.md, nineteenth
+/// pass).
+const FIRES_IN_FLIGHT: usize = 10;
 /// Keys per Fire proposal. Applying a key writes about five state keys, in
 /// one sled batch that holds sled's process-wide write lock, which this
 /// node's Raft log appends wait on: ~5,000 writes keep that wait short.
@@ -374,6 +378,10 @@ impl Term {
                 _ => None,
             })
             .collect();
+        // The run log's lines are written after the dispatch: at a minute
+        // boundary thousands of attempts become ready in one batch, and their
+        // workers need not wait for as many lines to be formatted.
+        let mut lines = Vec::new();
         for e in batch {
             match e {
                 Effect::Restored | Effect::FiringResumed | Effect::Backfilled(_) => {}
@@ -386,14 +394,14 @@ impl Term {
                     let chosen = backfilled.iter().any(|b| {
                         (&b.job, b.scheduled_at_ms) == (&r.run.job, r.run.scheduled_at_ms)
                     });
-                    self.on_ready(r, chosen);
+                    lines.push(Line::Ready(r, self.on_ready(r, chosen)));
                     d.ready(r.clone())
                 }
                 Effect::Ended { run, attempt } => d.ended(run, *attempt),
                 Effect::Cancel { run, attempt } => d.cancel(run, *attempt),
                 Effect::Finished(f) => {
                     self.node.metrics.finished(&f.group, f.outcome);
-                    runlog::finished(f);
+                    lines.push(Line::Finished(f));
                 }
                 Effect::Misfired { group, policy } => self.node.metrics.misfired(group, *policy),
                 // For watchers only (`watch.rs`).
@@ -401,18 +409,25 @@ impl Term {
             }
         }
         self.node.dispatch_now();
+        for line in lines {
+            match line {
+                Line::Ready(r, late_ms) => runlog::ready(r, late_ms),
+                Line::Finished(f) => runlog::finished(f),
+            }
+        }
     }
 
-    /// Counts and logs an attempt that became ready (the fire, or a retry);
-    /// a backfilled occurrence is late by choice and not counted as a fire.
-    fn on_ready(&self, r: &ReadyRun, backfilled: bool) {
+    /// Counts an attempt that became ready (the fire, or a retry) and
+    /// returns how late it is; a backfilled occurrence is late by choice
+    /// and not counted as a fire.
+    fn on_ready(&self, r: &ReadyRun, backfilled: bool) -> i64 {
         // From the occurrence's fire time: its jitter offset is not lateness.
         let due_ms = WheelKey::jittered(&r.run.job, r.run.scheduled_at_ms, r.offset_ms).fire_at_ms;
         let late_ms = self.node.clock.now_ms() - due_ms;
         if r.attempt == 1 && !backfilled {
             self.node.metrics.fired(&r.group, late_ms);
         }
-        runlog::ready(r, late_ms);
+        late_ms
     }
 
     fn expire_leases(&self) {
@@ -446,6 +461,13 @@ impl Term {
             });
         }
     }
+}
+
+/// A run-log line an effect batch writes once its attempts are dispatched.
+enum Line<'a> {
+    /// An attempt became ready, this late (ms).
+    Ready(&'a ReadyRun, i64),
+    Finished(&'a crate::core::apply::Finished),
 }
 
 /// Proposes one batch of due keys; apply decides which of them fire.
