@@ -296,6 +296,13 @@ pub fn runs_of(job: &str) -> Vec<u8> {
     run_prefix_with(RUN, job)
 }
 
+/// A run record's key split into its job's prefix ([`runs_of`]) and its
+/// (scheduled time, shard) suffix, whose byte order is the keys' order.
+pub fn split_run_key(key: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = 2 + *key.get(1)? as usize;
+    (key[0] == RUN && key.len() == at + 12).then(|| key.split_at(at))
+}
+
 /// Prefix of the active runs of `job`.
 pub fn active_of(job: &str) -> Vec<u8> {
     run_prefix_with(ACTIVE, job)
@@ -326,6 +333,17 @@ pub fn run_id_from(key: &[u8]) -> Option<RunId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_key_splits_into_its_jobs_prefix_and_an_ordered_suffix() {
+        let (early, late) = (run(&RunId::new("a", 10)), run(&RunId::shard("a", 10, 2)));
+        let (prefix, suffix) = split_run_key(&early).expect("a run key");
+        assert_eq!(prefix, runs_of("a").as_slice());
+        assert!(suffix < split_run_key(&late).expect("a run key").1);
+        assert_eq!(split_run_key(&active(&RunId::new("a", 10))), None);
+        assert_eq!(split_run_key(&runs_of("a")), None);
+        assert_eq!(split_run_key(&job("a")), None);
+    }
 
     #[test]
     fn time_order_is_byte_order() {

@@ -14,6 +14,8 @@ pub trait KvTree: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, sled::Error>;
     fn last(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, sled::Error>;
+    /// The greatest key in `[start, end)`.
+    fn last_key_in(&self, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>, sled::Error>;
     fn first(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, sled::Error>;
     /// Applies all writes atomically.
     fn apply(&self, writes: &[Write]) -> Result<(), sled::Error>;
@@ -44,6 +46,16 @@ impl KvTree for sled::Tree {
 
     fn last(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, sled::Error> {
         Ok(sled::Tree::last(self)?.map(|(k, v)| (k.to_vec(), v.to_vec())))
+    }
+
+    fn last_key_in(&self, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>, sled::Error> {
+        if start >= end {
+            return Ok(None);
+        }
+        let last = sled::Tree::range(self, start..end)
+            .next_back()
+            .transpose()?;
+        Ok(last.map(|(k, _)| k.to_vec()))
     }
 
     fn first(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, sled::Error> {

@@ -81,11 +81,28 @@ impl StateView for StateRead<'_> {
 struct Stack<'a> {
     layers: &'a [&'a Pending],
     base: &'a dyn StateView,
+    /// With the base sled itself and all of [`Dirty`]'s windows: run keys
+    /// the bounds show sled cannot hold are not looked up there.
+    runs: Option<(&'a RunBounds, &'a dyn KvTree)>,
 }
 
 impl<'a> Stack<'a> {
     fn new(layers: &'a [&'a Pending], base: &'a dyn StateView) -> Self {
-        Stack { layers, base }
+        Stack {
+            layers,
+            base,
+            runs: None,
+        }
+    }
+
+    /// `Dirty`'s windows (all of them, as [`Dirty::layers`] gives them)
+    /// over sled, with its run bounds.
+    fn of_dirty(layers: &'a [&'a Pending], base: &'a TreeView<'a>, runs: &'a RunBounds) -> Self {
+        Stack {
+            layers,
+            base,
+            runs: Some((runs, base.0)),
+        }
     }
 }
 
@@ -93,6 +110,7 @@ impl StateView for Stack<'_> {
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
         match self.layers.iter().rev().find_map(|w| w.get(key)) {
             Some(v) => v.clone(),
+            None if (self.runs).is_some_and(|(b, tree)| b.beyond(key, self.layers, tree)) => None,
             None => self.base.get(key),
         }
     }
@@ -186,6 +204,81 @@ struct Dirty {
     /// Windows sealed so far: tells [`Dirty::merge`] whether the windows
     /// below the open one changed since a chunk's [`Vanished`] was taken.
     seals: u64,
+    /// What run keys sled can hold, for apply's reads: reset with the rest
+    /// when a snapshot replaces the state.
+    runs: RunBounds,
+}
+
+/// Bounds on the run keys in sled, by job, so apply need not ask sled for a
+/// run it cannot hold. Every fire looks up its occurrence's run first (a
+/// manual trigger at the same instant may have made it) and nearly always
+/// finds none, which cost a sled lookup per fire on every node: 7-8 % of a
+/// follower's CPU at saturation (BENCHMARKS.md, nineteenth pass).
+///
+/// A job's bound is the greatest (scheduled time, shard) suffix among its
+/// run keys in sled and in the windows, taken from both the first time the
+/// job's runs are asked for, and raised by every run key merged into the
+/// open window after that ([`Dirty::merge`]): so it is never below a key
+/// sled holds (a key reaches sled only from a window). A deleted run may
+/// leave it high, which only sends a lookup to sled. A key above it is
+/// absent; any other is looked up as before, so apply reads exactly what it
+/// read without the bounds.
+#[derive(Default)]
+struct RunBounds(parking_lot::Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>);
+
+/// Jobs whose bounds are kept; past it they are dropped and taken again.
+const RUN_BOUNDS_MAX: usize = 65_536;
+
+impl RunBounds {
+    /// Whether `key`, a key no window in `layers` holds, is a run key
+    /// above its job's bound, so that sled cannot hold it. `layers` are all
+    /// of `Dirty`'s windows.
+    fn beyond(&self, key: &[u8], layers: &[&Pending], tree: &dyn KvTree) -> bool {
+        let Some((job, suffix)) = keys::split_run_key(key) else {
+            return false;
+        };
+        let mut bounds = self.0.lock();
+        if let Some(bound) = bounds.get(job) {
+            return suffix > bound.as_slice();
+        }
+        if bounds.len() >= RUN_BOUNDS_MAX {
+            bounds.clear();
+        }
+        let end = keys::prefix_end(job);
+        let in_windows = layers.iter().filter_map(|w| {
+            let range = (
+                std::ops::Bound::Included(job),
+                std::ops::Bound::Excluded(&end[..]),
+            );
+            w.range::<[u8], _>(range)
+                .next_back()
+                .map(|(k, _)| k.clone())
+        });
+        let in_sled = tree.last_key_in(job, &end).expect("state read failed");
+        let top = in_windows.chain(in_sled).max();
+        let bound = top.map(|k| k[job.len()..].to_vec()).unwrap_or_default();
+        let beyond = suffix > bound.as_slice();
+        bounds.insert(job.to_vec(), bound);
+        beyond
+    }
+
+    /// Raises the bounds kept for the run keys `net` puts.
+    fn raise(&mut self, net: &Pending) {
+        let bounds = self.0.get_mut();
+        if bounds.is_empty() {
+            return;
+        }
+        for (k, v) in net {
+            let Some((job, suffix)) = v.as_ref().and_then(|_| keys::split_run_key(k)) else {
+                continue;
+            };
+            if let Some(bound) = bounds.get_mut(job) {
+                if suffix > bound.as_slice() {
+                    *bound = suffix.to_vec();
+                }
+            }
+        }
+    }
 }
 
 /// Keys a chunk deleted that no sealed window nor sled holds, as found
@@ -214,6 +307,7 @@ impl Dirty {
     /// against `tree` and the sealed windows if a window was sealed since
     /// they were found: the one sealed may hold a key put earlier).
     fn merge(&mut self, net: Pending, vanished: Vanished, tree: &dyn StateView) {
+        self.runs.raise(&net);
         for (k, v) in net {
             self.open_bytes += pair_size(&k, &v);
             if let Some(old) = self.open.get(&k) {
@@ -922,7 +1016,7 @@ impl StateMachine {
         let dirty = self.inner.dirty.read_recursive();
         let tree = TreeView(&self.inner.tree);
         let layers = dirty.layers();
-        let state = Stack::new(&layers, &tree);
+        let state = Stack::of_dirty(&layers, &tree, &dirty.runs);
         let mut overlay = Overlay::new(&state);
         let mut last = None;
         let room = (self.inner.flush_keys.saturating_sub(dirty.open.len()))
@@ -1989,6 +2083,91 @@ mod tests {
         let reopened = open_windowed(a_dir.path());
         assert_eq!(reopened.persisted_applied().map(|l| l.index), Some(n));
         assert_eq!(reopened.digest().await, want);
+    }
+
+    /// One step of a window's life, for the run bounds' property test.
+    #[derive(Clone, Debug)]
+    enum RunStep {
+        /// A chunk puts (or deletes) the run of job `job` at `at`.
+        Merge {
+            job: u8,
+            at: u8,
+            put: bool,
+        },
+        Seal,
+        /// The flusher writes the oldest sealed window to sled.
+        Write,
+        /// Apply reads the run of job `job` at `at`.
+        Read {
+            job: u8,
+            at: u8,
+        },
+    }
+
+    fn run_step() -> impl proptest::strategy::Strategy<Value = RunStep> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0u8..3, 0u8..30, proptest::bool::weighted(0.8))
+                .prop_map(|(job, at, put)| RunStep::Merge { job, at, put }),
+            1 => Just(RunStep::Seal),
+            1 => Just(RunStep::Write),
+            3 => (0u8..3, 0u8..32).prop_map(|(job, at)| RunStep::Read { job, at }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+        /// Reads of run keys through `Dirty`'s windows with its run bounds
+        /// are the reads without them, whatever was in sled before, put or
+        /// deleted in windows, sealed and written meanwhile: a bound never
+        /// hides a run sled holds.
+        #[test]
+        fn run_bounds_never_hide_a_run(
+            before in proptest::collection::btree_set((0u8..3, 0u8..30), 0..12),
+            steps in proptest::collection::vec(run_step(), 1..60),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let tree = db.open_tree("state").unwrap();
+            let key = |job: u8, at: u8| keys::run(&RunId::new(&format!("job-{job}"), i64::from(at)));
+            for (job, at) in &before {
+                tree.insert(key(*job, *at), &b"old"[..]).unwrap();
+            }
+            let mut d = Dirty::default();
+            let mut tick = 0u8;
+            for step in steps {
+                match step {
+                    RunStep::Merge { job, at, put } => {
+                        tick = tick.wrapping_add(1);
+                        let v = put.then(|| vec![tick]);
+                        let net: Pending = [(key(job, at), v)].into();
+                        let vanished = Vanished { keys: Vec::new(), seals: d.seals };
+                        d.merge(net, vanished, &TreeView(&tree));
+                    }
+                    RunStep::Seal => {
+                        d.seal();
+                    }
+                    RunStep::Write => {
+                        if let Some(w) = d.sealed.front() {
+                            for (k, v) in w.pairs.iter() {
+                                match v {
+                                    Some(v) => tree.insert(k.as_slice(), v.as_slice()).unwrap(),
+                                    None => tree.remove(k.as_slice()).unwrap(),
+                                };
+                            }
+                            d.written();
+                        }
+                    }
+                    RunStep::Read { job, at } => {
+                        let layers = d.layers();
+                        let base = TreeView(&tree);
+                        let want = Stack::new(&layers, &base).get(&key(job, at));
+                        let got = Stack::of_dirty(&layers, &base, &d.runs).get(&key(job, at));
+                        proptest::prop_assert_eq!(got, want, "job {} at {}", job, at);
+                    }
+                }
+            }
+        }
     }
 
     proptest::proptest! {
