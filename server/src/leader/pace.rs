@@ -4,7 +4,7 @@
 //! client write is time that write waits for its answer. Past saturation
 //! the wheel always has more due keys than the cluster applies, and a full
 //! pipeline of Fire proposals (10 × 1,024 keys) is most of a second of work
-//! on a two-core box that applies ~13,000 fires/s: an admitted write would
+//! on a two-core box that applies 13,000-15,000 fires/s: an admitted write would
 //! wait that long. Fewer keys in flight
 //! cost fire throughput, though (smaller entries, more of them), so the
 //! pipeline shrinks only for the writes: when a client batch comes back
