@@ -246,6 +246,20 @@ pub struct CreateStats {
 }
 
 impl CreateStats {
+    /// Counts one create's outcome.
+    fn count(&mut self, r: Result<(), tonic::Status>) {
+        match r {
+            Ok(()) => self.ok += 1,
+            Err(e) if e.code() == Code::AlreadyExists => self.existed += 1,
+            Err(e) if e.code() == Code::ResourceExhausted => self.refused += 1,
+            Err(e) => {
+                self.failed += 1;
+                self.first_error
+                    .get_or_insert_with(|| format!("{:?}: {}", e.code(), e.message()));
+            }
+        }
+    }
+
     pub fn per_s(&self) -> f64 {
         (self.ok + self.existed) as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
@@ -285,19 +299,81 @@ pub async fn create_jobs(
             st.answer_ms.push(ms);
         }
         match r {
-            Ok(_) => st.ok += 1,
             Err(None) => st.skipped += 1,
-            Err(Some(e)) if e.code() == Code::AlreadyExists => st.existed += 1,
-            Err(Some(e)) if e.code() == Code::ResourceExhausted => st.refused += 1,
-            Err(Some(e)) => {
-                st.failed += 1;
-                st.first_error
-                    .get_or_insert_with(|| format!("{:?}: {}", e.code(), e.message()));
-            }
+            Ok(_) => st.count(Ok(())),
+            Err(Some(e)) => st.count(Err(e)),
         }
     }
     st.elapsed = start.elapsed();
     st
+}
+
+/// Creates `specs` in `Jobs.CreateJobs` calls of `batch` jobs each, with
+/// `concurrency` calls in flight over `clients`; batches not started by
+/// `deadline` are skipped. `answer_ms` has one entry per call.
+pub async fn create_job_batches(
+    clients: &[Client],
+    specs: impl Iterator<Item = pb::JobSpec>,
+    batch: usize,
+    concurrency: usize,
+    deadline: Instant,
+) -> CreateStats {
+    use chunked::Chunks;
+    let start = Instant::now();
+    let calls = Chunks::new(specs, batch.max(1))
+        .enumerate()
+        .map(|(i, chunk)| {
+            let c = clients[i % clients.len()].clone();
+            async move {
+                let n = chunk.len() as u64;
+                if Instant::now() >= deadline {
+                    return (Err(None), n, 0);
+                }
+                let asked = Instant::now();
+                let r = c.create_job_batch(chunk).await.map_err(Some);
+                (r, n, asked.elapsed().as_millis() as i64)
+            }
+        });
+    let mut stream = futures::stream::iter(calls).buffer_unordered(concurrency.max(1));
+    let mut st = CreateStats::default();
+    while let Some((r, n, ms)) = stream.next().await {
+        let results = match r {
+            Ok(results) => results,
+            Err(None) => {
+                st.skipped += n;
+                continue;
+            }
+            Err(Some(e)) => (0..n).map(|_| Err(e.clone())).collect(),
+        };
+        st.answer_ms.push(ms);
+        for r in results {
+            st.count(r.map(|_| ()));
+        }
+    }
+    st.elapsed = start.elapsed();
+    st
+}
+
+/// An iterator's items in vectors of `n` (the last may be shorter).
+mod chunked {
+    pub struct Chunks<I> {
+        inner: I,
+        n: usize,
+    }
+
+    impl<I> Chunks<I> {
+        pub fn new(inner: I, n: usize) -> Self {
+            Chunks { inner, n }
+        }
+    }
+
+    impl<I: Iterator> Iterator for Chunks<I> {
+        type Item = Vec<I::Item>;
+        fn next(&mut self) -> Option<Vec<I::Item>> {
+            let chunk: Vec<I::Item> = self.inner.by_ref().take(self.n).collect();
+            (!chunk.is_empty()).then_some(chunk)
+        }
+    }
 }
 
 /// A job spec in `group` with the given schedule.

@@ -88,6 +88,10 @@ pub struct Opts {
     /// HTTP/2 multiplexes them).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub pipeline: u16,
+    /// timers-1m: jobs per `Jobs.CreateJobs` call (1..=1000); 1 creates each
+    /// with its own `CreateJob` call.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub batch: u16,
     /// throughput: offered fires/s (jobs x 1000 / every-ms); overload: the saturating
     /// load of its first phase (default 5000), 5x that in the second.
     #[arg(long)]

@@ -59,6 +59,8 @@ pub const OVERLOAD_RETRIES_MAX: u32 = 8;
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
 /// Most calls [`Client::create_jobs`] keeps outstanding at once.
 pub const IN_FLIGHT_MAX: usize = 256;
+/// Most jobs one `Jobs.CreateJobs` call creates ([`Client::create_job_batch`]).
+pub const CREATE_BATCH_MAX: usize = 1000;
 
 /// How to reach a cluster: the CA to trust (TLS) and the token to present.
 /// The default is plain TCP without a token (a development cluster).
@@ -227,6 +229,22 @@ pub fn retry_after(s: &Status) -> Option<Duration> {
         .parse()
         .ok()?;
     Some(Duration::from_millis(ms).min(RETRY_AFTER_MAX))
+}
+
+/// A `CreateJobs` item's failure as the `Status` a `CreateJob` would have
+/// failed with (with `retry-after-ms` when the item was refused as overload).
+fn item_status(code: Code, r: &pb::CreateJobsResult) -> Status {
+    let code = if code == Code::Ok {
+        Code::Internal
+    } else {
+        code
+    };
+    let mut s = Status::new(code, r.message.clone());
+    if r.retry_after_ms > 0 {
+        s.metadata_mut()
+            .insert(RETRY_AFTER_HEADER, r.retry_after_ms.into());
+    }
+    s
 }
 
 /// `hint` stretched by a random 0–50 %, so refused clients do not all come
@@ -444,6 +462,77 @@ impl Client {
             .buffered(in_flight.clamp(1, IN_FLIGHT_MAX))
             .collect()
             .await
+    }
+
+    /// Creates `specs` (at most [`CREATE_BATCH_MAX`]) with `Jobs.CreateJobs`:
+    /// one result per spec, in order. Each item carries a request id of its
+    /// own; items the leader refused as overloaded (`RESOURCE_EXHAUSTED`) or
+    /// could not propose (`UNAVAILABLE`) are sent again with the same ids,
+    /// after the longest wait the refusals asked for, at most
+    /// `OVERLOAD_RETRIES_MAX` times and within the client's retry time. An
+    /// error of the whole call (an invalid item, say) is the outer `Err`.
+    pub async fn create_job_batch(
+        &self,
+        specs: Vec<pb::JobSpec>,
+    ) -> Result<Vec<Result<pb::Job, Status>>, Status> {
+        let deadline = Instant::now() + self.inner.retry_for;
+        let mut out: Vec<Option<Result<pb::Job, Status>>> = specs.iter().map(|_| None).collect();
+        let mut items: Vec<(usize, pb::CreateJobsItem)> = (specs.into_iter().enumerate())
+            .map(|(i, spec)| {
+                let request_id = new_request_id();
+                (
+                    i,
+                    pb::CreateJobsItem {
+                        spec: Some(spec),
+                        request_id,
+                    },
+                )
+            })
+            .collect();
+        for round in 0.. {
+            let req = pb::CreateJobsRequest {
+                items: items.iter().map(|(_, item)| item.clone()).collect(),
+            };
+            let answer = self
+                .jobs(|mut c| {
+                    let r = req.clone();
+                    async move { c.create_jobs(r).await }
+                })
+                .await?;
+            if answer.results.len() != items.len() {
+                return Err(Status::internal(format!(
+                    "CreateJobs answered {} results for {} items",
+                    answer.results.len(),
+                    items.len()
+                )));
+            }
+            let (mut again, mut wait) = (Vec::new(), Duration::ZERO);
+            for ((i, item), r) in items.into_iter().zip(answer.results) {
+                let code = Code::from_i32(r.code);
+                out[i] = Some(match r.job {
+                    Some(job) if code == Code::Ok => Ok(job),
+                    _ => Err(item_status(code, &r)),
+                });
+                if matches!(code, Code::ResourceExhausted | Code::Unavailable) {
+                    wait = wait.max(Duration::from_millis(r.retry_after_ms));
+                    again.push((i, item));
+                }
+            }
+            let wait = jittered(wait.clamp(Duration::from_millis(25), RETRY_AFTER_MAX));
+            if again.is_empty()
+                || round >= OVERLOAD_RETRIES_MAX
+                || Instant::now() + wait >= deadline
+            {
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            items = again;
+        }
+        let missing = || Status::internal("CreateJobs: an item got no result");
+        Ok(out
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(missing())))
+            .collect())
     }
 
     /// Runs a finished run again as its next attempt (`Runs.RetryRun`).

@@ -1,6 +1,7 @@
 //! `timers-1m`: `--count` (default 1,000,000) pending one-shot `at_ms`
 //! timers 30 days ahead, created by `--clients` (64) concurrent clients, each
-//! on its own connection with `--pipeline` calls in flight. Reports the create rate, RSS per node before and
+//! on its own connection with `--pipeline` calls in flight, each creating one
+//! timer (`CreateJob`) or `--batch` of them (`CreateJobs`). Reports the create rate, RSS per node before and
 //! after (bytes per pending timer), on-disk bytes per timer (`du` of the data
 //! directories), and the time a SIGKILLed follower takes after restart to
 //! serve again (/readyz 200 and Cluster.Status through it) and to catch up.
@@ -34,11 +35,15 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let term0 = max_term(&t, &clients[0]).await;
     let base = wall_ms() + AHEAD_MS;
     eprintln!(
-        "timers-1m: creating {count} timers with {} clients, {} calls in flight each",
-        o.clients, o.pipeline
+        "timers-1m: creating {count} timers with {} clients, {} calls of {} in flight each",
+        o.clients, o.pipeline, o.batch
     );
     let specs = (0..count).map(|i| spec(format!("t-{i}"), GROUP, Kind::AtMs(base + i as i64)));
-    let cs = create_jobs(&clients, specs, o.in_flight(), Instant::now() + limit).await;
+    let deadline = Instant::now() + limit;
+    let cs = match o.batch {
+        1 => create_jobs(&clients, specs, o.in_flight(), deadline).await,
+        n => load::create_job_batches(&clients, specs, n.into(), o.in_flight(), deadline).await,
+    };
     eprintln!("timers-1m: {} created in {:?}", cs.ok, cs.elapsed);
     let mut r = Report::new("timers-1m");
     r.set("timers_requested", count);
@@ -55,6 +60,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     );
     r.set("clients", o.clients as u64);
     r.set("pipeline", u64::from(o.pipeline));
+    r.set("batch", u64::from(o.batch));
     if let Some(e) = &cs.first_error {
         r.note(format!("create error: {e}"));
     }

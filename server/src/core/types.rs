@@ -71,6 +71,8 @@ pub mod limits {
     pub const DEDUP_TTL_MS: i64 = 10 * 60 * 1000;
     pub const DEDUP_EVICT_PER_COMMAND: usize = 8;
     pub const REQUEST_ID_MAX_BYTES: usize = 64;
+    /// Jobs one `CreateJobs` call creates.
+    pub const CREATE_BATCH_MAX: usize = 1000;
     /// Revision records kept per job id (the oldest go first).
     pub const JOB_REVISIONS_MAX: usize = 100;
     /// Tokens the cluster holds.

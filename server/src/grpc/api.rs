@@ -132,6 +132,88 @@ impl Api {
     }
 }
 
+// The SDK sends at most what the server accepts in one call.
+const _: () = assert!(limits::CREATE_BATCH_MAX == kairos_client::CREATE_BATCH_MAX);
+
+/// The items of a `CreateJobs` call as specs to create, each with its
+/// request id: its own, else `<call's request id>-<index>` (so a retried
+/// call is applied once), else none. Refuses the whole call, naming the
+/// item, if any item is invalid or repeats another's job id or request id.
+fn batch_in(
+    items: Vec<pb::CreateJobsItem>,
+    call_request_id: Option<&str>,
+    now_ms: i64,
+) -> Result<Vec<(Option<String>, JobSpec)>, Status> {
+    let n = items.len();
+    if n == 0 || n > limits::CREATE_BATCH_MAX {
+        return Err(Status::invalid_argument(format!(
+            "items: 1 to {} per call, got {n}",
+            limits::CREATE_BATCH_MAX
+        )));
+    }
+    let mut ids = std::collections::HashMap::with_capacity(n);
+    let mut request_ids = std::collections::HashMap::with_capacity(n);
+    let mut out = Vec::with_capacity(n);
+    for (i, item) in items.into_iter().enumerate() {
+        let at = |msg: &str| Status::invalid_argument(format!("items[{i}].{msg}"));
+        let Some(spec) = item.spec else {
+            return Err(at("spec: required"));
+        };
+        let spec = spec_in(Some(spec)).map_err(|e| at(&format!("spec.{}", e.message())))?;
+        let spec = with_seed(spec);
+        validate::job_spec(&spec, now_ms).map_err(|e| at(&format!("spec.{e}")))?;
+        let request_id = match (item.request_id.as_str(), call_request_id) {
+            ("", None) => None,
+            ("", Some(call)) => Some(format!("{call}-{i}")),
+            (own, _) => Some(own.to_string()),
+        };
+        if let Some(r) = &request_id {
+            if item.request_id.is_empty() && r.len() > limits::REQUEST_ID_MAX_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "x-kairos-request-id: items without a request id of their own get \
+                     `<call's id>-<index>`, at most {} bytes; items[{i}]'s would be {} \
+                     (send a shorter id, or one per item)",
+                    limits::REQUEST_ID_MAX_BYTES,
+                    r.len()
+                )));
+            }
+            validate::request_id(r).map_err(|e| at(&e.to_string()))?;
+            if let Some(first) = request_ids.insert(r.clone(), i) {
+                return Err(at(&format!("request_id: {r:?} is also items[{first}]'s")));
+            }
+        }
+        if let Some(first) = ids.insert(spec.id.clone(), i) {
+            return Err(at(&format!(
+                "spec.id: {:?} is also items[{first}]'s",
+                spec.id
+            )));
+        }
+        out.push((request_id, spec));
+    }
+    Ok(out)
+}
+
+/// One item's outcome in a `CreateJobs` answer.
+fn batch_result(r: Result<R, Status>) -> pb::CreateJobsResult {
+    match r {
+        Ok(R::Job(j)) => pb::CreateJobsResult {
+            job: Some(job_out(&j)),
+            ..Default::default()
+        },
+        Ok(other) => pb::CreateJobsResult {
+            code: tonic::Code::Internal as i32,
+            message: format!("unexpected response {other:?}"),
+            ..Default::default()
+        },
+        Err(s) => pb::CreateJobsResult {
+            job: None,
+            code: s.code() as i32,
+            message: s.message().to_string(),
+            retry_after_ms: kairos_client::retry_after(&s).map_or(0, |d| d.as_millis() as u64),
+        },
+    }
+}
+
 /// Draws a jitter's seed on the leader (these handlers run there after
 /// forwarding), never in apply: it travels in the command, so every replica
 /// computes the same offsets. Apply keeps the seed of a job that already
@@ -165,6 +247,28 @@ impl pb::jobs_server::Jobs for Api {
         let now_ms = write_now_ms(&self.node).await?;
         validate::job_spec(&spec, now_ms).map_err(error::command)?;
         self.write_job(rid, Command::create_job(spec, now_ms)).await
+    }
+
+    async fn create_jobs(
+        &self,
+        req: Request<pb::CreateJobsRequest>,
+    ) -> Result<Response<pb::CreateJobsResponse>, Status> {
+        let who = forward!(self, req, Need::Write, JobsClient, create_jobs);
+        let now_ms = write_now_ms(&self.node).await?;
+        let items = batch_in(req.into_inner().items, who.request_id.as_deref(), now_ms)?;
+        // Each item is a CreateJob of its own; proposed together, they go
+        // into the log in the same group commits.
+        let writes = items.into_iter().map(|(request_id, spec)| {
+            let caller = Caller {
+                request_id,
+                actor: who.actor.clone(),
+                rpc: who.rpc,
+            };
+            self.write(caller, Command::create_job(spec, now_ms))
+        });
+        let results = futures::future::join_all(writes).await;
+        let results = results.into_iter().map(batch_result).collect();
+        Ok(Response::new(pb::CreateJobsResponse { results }))
     }
 
     async fn update_job(
