@@ -217,7 +217,11 @@ fn smoke_opts(o: &Opts, s: Scenario) -> Opts {
             x.count = Some(2_000);
             x.period_s = 10;
         }
-        Scenario::Timers1m => x.count = Some(5_000),
+        Scenario::Timers1m => {
+            // The other scenarios create one job per call; this one batches.
+            x.count = Some(5_000);
+            x.batch = 100;
+        }
         Scenario::Failover => {
             x.duration = Some(Duration::from_secs(8));
             x.count = None;

@@ -62,7 +62,8 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     r.set("pipeline", u64::from(o.pipeline));
     r.set("batch", u64::from(o.batch));
     if let Some(e) = &cs.first_error {
-        r.note(format!("create error: {e}"));
+        // Not a refusal (those are counted apart): the call itself is broken.
+        r.fail(format!("{} creates failed, the first with {e}", cs.failed));
     }
     let caught_up = load::wait_applied_equal(&clients[0], Duration::from_secs(120)).await;
     r.set("followers_caught_up", caught_up);

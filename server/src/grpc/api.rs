@@ -256,6 +256,14 @@ impl pb::jobs_server::Jobs for Api {
         let who = forward!(self, req, Need::Write, JobsClient, create_jobs);
         let now_ms = write_now_ms(&self.node).await?;
         let items = batch_in(req.into_inner().items, who.request_id.as_deref(), now_ms)?;
+        // One `client_write` span for the call, not one per item.
+        let span = tracing::info_span!(
+            "client_write",
+            rpc = who.rpc,
+            request_id = who.request_id.as_deref().unwrap_or(""),
+            actor = %who.actor,
+            items = items.len(),
+        );
         // Each item is a CreateJob of its own; proposed together, they go
         // into the log in the same group commits.
         let writes = items.into_iter().map(|(request_id, spec)| {
@@ -264,9 +272,9 @@ impl pb::jobs_server::Jobs for Api {
                 actor: who.actor.clone(),
                 rpc: who.rpc,
             };
-            self.write(caller, Command::create_job(spec, now_ms))
+            self.propose(caller, Command::create_job(spec, now_ms))
         });
-        let results = futures::future::join_all(writes).await;
+        let results = futures::future::join_all(writes).instrument(span).await;
         let results = results.into_iter().map(batch_result).collect();
         Ok(Response::new(pb::CreateJobsResponse { results }))
     }
