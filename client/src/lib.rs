@@ -61,6 +61,9 @@ pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
 pub const IN_FLIGHT_MAX: usize = 256;
 /// Most jobs one `Jobs.CreateJobs` call creates ([`Client::create_job_batch`]).
 pub const CREATE_BATCH_MAX: usize = 1000;
+/// Creates [`Client::create_job_batch`] keeps in flight when the leader
+/// does not know `CreateJobs` and it creates one job per call instead.
+const UNIMPLEMENTED_IN_FLIGHT: usize = 32;
 
 /// How to reach a cluster: the CA to trust (TLS) and the token to present.
 /// The default is plain TCP without a token (a development cluster).
@@ -471,6 +474,8 @@ impl Client {
     /// after the longest wait the refusals asked for, at most
     /// `OVERLOAD_RETRIES_MAX` times and within the client's retry time. An
     /// error of the whole call (an invalid item, say) is the outer `Err`.
+    /// A leader of a release before `CreateJobs` (`UNIMPLEMENTED`, during a
+    /// rolling upgrade) gets one `CreateJob` call per spec instead.
     pub async fn create_job_batch(
         &self,
         specs: Vec<pb::JobSpec>,
@@ -498,7 +503,18 @@ impl Client {
                     let r = req.clone();
                     async move { c.create_jobs(r).await }
                 })
-                .await?;
+                .await;
+            let answer = match answer {
+                // A leader of an older release (a rolling upgrade): one call
+                // per job, as before CreateJobs.
+                Err(e) if e.code() == Code::Unimplemented && round == 0 => {
+                    let specs = (items.into_iter())
+                        .map(|(_, item)| item.spec.unwrap_or_default())
+                        .collect();
+                    return Ok(self.create_jobs(specs, UNIMPLEMENTED_IN_FLIGHT).await);
+                }
+                other => other?,
+            };
             if answer.results.len() != items.len() {
                 return Err(Status::internal(format!(
                     "CreateJobs answered {} results for {} items",

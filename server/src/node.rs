@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 
 use crate::admission::{self, Admission, Overloaded, Ticket};
 use crate::clock::{Clock, ClusterClock, Sample, SystemClock};
-use crate::core::command::FormatTooNew;
+use crate::core::command::{FormatTooNew, LOG_FORMAT_INITIAL};
 use crate::core::{limits, Command, CommandError, FinishReport, Response, VersionedCommand};
 use crate::leader::dispatch::{Dispatcher, Handed};
 use crate::raft::network::{self, Dialer, PeerRpc};
@@ -347,11 +347,16 @@ impl Node {
     /// refused at once with [`ProposeError::Overloaded`]).
     pub async fn propose_grouped(&self, cmd: Command) -> Result<Response, ProposeError> {
         // Checked alone: in a batch it would refuse the others' commands too.
-        let (needs, active) = (cmd.min_format(), self.sm.log_format());
-        if needs > active && self.is_leader() {
-            let active = crate::upgrade::raise_now(self).await.unwrap_or(active);
-            if needs > active {
-                return Err(FormatTooNew { needs, active }.into());
+        // Every format reads a command of the first; only a newer one needs
+        // the active format read from the state.
+        let needs = cmd.min_format();
+        if needs > LOG_FORMAT_INITIAL {
+            let active = self.sm.log_format();
+            if needs > active && self.is_leader() {
+                let active = crate::upgrade::raise_now(self).await.unwrap_or(active);
+                if needs > active {
+                    return Err(FormatTooNew { needs, active }.into());
+                }
             }
         }
         let bytes = crate::core::codec::encoded_len(&cmd);

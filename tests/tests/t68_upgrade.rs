@@ -9,7 +9,8 @@
 //! log format rises only once every member reads the new one. Going back to
 //! the previous release after that is refused loudly by the old binary
 //! (it stops applying at the first newer entry, naming both formats) and a
-//! learner of the previous release is not added.
+//! learner of the previous release is not added. The SDK's batch create
+//! still works against the previous release (one call per job).
 
 use std::time::Duration;
 
@@ -105,6 +106,19 @@ async fn rolling_upgrade_from_the_previous_release_fires_every_occurrence_once()
     // Written by the previous release in its newest format.
     create(&c, labelled("before")).await.unwrap();
     pause_noted(&c, "before").await;
+    // The SDK's batch create falls back to one CreateJob per job on a
+    // leader that does not know CreateJobs.
+    let specs = vec![
+        every_job("old-0", "g", 60_000),
+        every_job("old-1", "g", 60_000),
+    ];
+    let made = c.create_job_batch(specs).await.unwrap();
+    let ids: Vec<_> = made
+        .iter()
+        .map(|r| r.as_ref().unwrap().spec.as_ref().unwrap().id.clone())
+        .collect();
+    assert_eq!(ids, ["old-0", "old-1"]);
+    assert_eq!(get_job(&c, "old-1").await.revision, 1);
 
     // The leader first, as an operator would not know better; then the rest.
     let first = c.status().await.unwrap().leader;

@@ -1,8 +1,8 @@
 //! `job apply -f FILE` and `job export`: a file of job definitions, each the
 //! flags of `job create` ([`SpecArgs`]), as TOML (`[[jobs]]`), JSON or
-//! YAML (`{"jobs": [...]}`). Apply creates the missing jobs, updates the
-//! changed ones (compare-and-set on the revision it read) and leaves the
-//! equal ones; export writes what apply reads back as "unchanged".
+//! YAML (`{"jobs": [...]}`). Apply creates the missing jobs (in one
+//! `CreateJobs` call), updates the changed ones (compare-and-set on the
+//! revision it read) and leaves the equal ones; export writes what apply reads back as "unchanged".
 
 use std::path::Path;
 
@@ -15,8 +15,8 @@ use crate::spec::{args_of, spec, with_defaults, SpecArgs};
 
 /// Largest file `job apply` reads.
 pub const FILE_MAX_BYTES: u64 = 4 << 20;
-/// Most jobs one file may hold.
-pub const JOBS_MAX: usize = 1000;
+/// Most jobs one file may hold: as many as one `CreateJobs` call creates.
+pub const JOBS_MAX: usize = kairos_client::CREATE_BATCH_MAX;
 
 #[derive(Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -135,22 +135,30 @@ pub async fn apply(c: &Client, a: ApplyArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("job {}: schedule: {}", s.id, e.message()))?;
     }
     let suffix = if a.dry_run { " (dry run)" } else { "" };
+    let mut plan = Vec::with_capacity(specs.len());
     for s in specs {
         let current = get(c, &s.id).await?;
-        let verb = match current {
-            None => {
-                if !a.dry_run {
-                    let req = pb::CreateJobRequest {
-                        spec: Some(s.clone()),
-                    };
-                    c.jobs(|mut j| {
-                        let r = req.clone();
-                        async move { j.create_job(r).await }
-                    })
-                    .await?;
-                }
-                "created"
+        plan.push((s, current));
+    }
+    // The missing jobs in one `CreateJobs` call (a file holds no more than
+    // one call takes); each is created or fails on its own.
+    let missing: Vec<pb::JobSpec> = (plan.iter())
+        .filter(|(_, current)| current.is_none())
+        .map(|(s, _)| s.clone())
+        .collect();
+    let mut failed = std::collections::HashMap::new();
+    if !a.dry_run && !missing.is_empty() {
+        let results = c.create_job_batch(missing.clone()).await?;
+        for (s, r) in missing.iter().zip(results) {
+            if let Err(e) = r {
+                failed.insert(s.id.clone(), e.message().to_string());
             }
+        }
+    }
+    for (s, current) in &plan {
+        let verb = match current {
+            None if failed.contains_key(&s.id) => continue,
+            None => "created",
             Some(j)
                 if with_defaults(j.spec.clone().unwrap_or_default())
                     == with_defaults(s.clone()) =>
@@ -174,7 +182,14 @@ pub async fn apply(c: &Client, a: ApplyArgs) -> anyhow::Result<()> {
         };
         println!("{verb} {}{suffix}", s.id);
     }
-    Ok(())
+    let mut why: Vec<String> = (plan.iter())
+        .filter_map(|(s, _)| Some(format!("job {}: {}", s.id, failed.get(&s.id)?)))
+        .collect();
+    match why.len() {
+        0 => Ok(()),
+        1 => bail!("{}", why.remove(0)),
+        n => bail!("{n} jobs not created: {}", why.join("; ")),
+    }
 }
 
 /// The job, or `None` if there is none by that id.
