@@ -469,8 +469,9 @@ impl Client {
 
     /// Creates `specs` (at most [`CREATE_BATCH_MAX`]) with `Jobs.CreateJobs`:
     /// one result per spec, in order. Each item carries a request id of its
-    /// own; items the leader refused as overloaded (`RESOURCE_EXHAUSTED`) or
-    /// could not propose (`UNAVAILABLE`) are sent again with the same ids,
+    /// own; items the leader refused as overloaded (`RESOURCE_EXHAUSTED`),
+    /// could not propose (`UNAVAILABLE`) or did not answer in time
+    /// (`DEADLINE_EXCEEDED`) are sent again with the same ids,
     /// after the longest wait the refusals asked for, at most
     /// `OVERLOAD_RETRIES_MAX` times and within the client's retry time. An
     /// error of the whole call (an invalid item, say) is the outer `Err`.
@@ -480,6 +481,9 @@ impl Client {
         &self,
         specs: Vec<pb::JobSpec>,
     ) -> Result<Vec<Result<pb::Job, Status>>, Status> {
+        if specs.is_empty() {
+            return Ok(Vec::new());
+        }
         let deadline = Instant::now() + self.inner.retry_for;
         let mut out: Vec<Option<Result<pb::Job, Status>>> = specs.iter().map(|_| None).collect();
         let mut items: Vec<(usize, pb::CreateJobsItem)> = (specs.into_iter().enumerate())
@@ -529,7 +533,14 @@ impl Client {
                     Some(job) if code == Code::Ok => Ok(job),
                     _ => Err(item_status(code, &r)),
                 });
-                if matches!(code, Code::ResourceExhausted | Code::Unavailable) {
+                // Sent again with its id, an item is applied at most once:
+                // also when its first answer (a timeout) left that open.
+                let again_ok = [
+                    Code::ResourceExhausted,
+                    Code::Unavailable,
+                    Code::DeadlineExceeded,
+                ];
+                if again_ok.contains(&code) {
                     wait = wait.max(Duration::from_millis(r.retry_after_ms));
                     again.push((i, item));
                 }
