@@ -61,6 +61,9 @@ pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
 pub const IN_FLIGHT_MAX: usize = 256;
 /// Most jobs one `Jobs.CreateJobs` call creates ([`Client::create_job_batch`]).
 pub const CREATE_BATCH_MAX: usize = 1000;
+/// Most bytes of specs [`Client::create_job_batch`] puts in one call: room
+/// under the server's 4 MiB message cap.
+pub const CREATE_BATCH_BYTES: usize = 3 << 20;
 /// Creates [`Client::create_job_batch`] keeps in flight when the leader
 /// does not know `CreateJobs` and it creates one job per call instead.
 const UNIMPLEMENTED_IN_FLIGHT: usize = 32;
@@ -467,24 +470,58 @@ impl Client {
             .await
     }
 
-    /// Creates `specs` (at most [`CREATE_BATCH_MAX`]) with `Jobs.CreateJobs`:
-    /// one result per spec, in order. Each item carries a request id of its
-    /// own; items the leader refused as overloaded (`RESOURCE_EXHAUSTED`),
+    /// Creates `specs` with `Jobs.CreateJobs`: one result per spec, in
+    /// order. Up to [`CREATE_BATCH_MAX`] specs and [`CREATE_BATCH_BYTES`]
+    /// go in one call; more go in several, one after another, and a call
+    /// refused whole (an invalid spec, say) ends the batch with its error,
+    /// naming the specs it held; the calls before it stand. Every item
+    /// carries a request id of its own; items the leader refused as overloaded (`RESOURCE_EXHAUSTED`),
     /// could not propose (`UNAVAILABLE`) or did not answer in time
     /// (`DEADLINE_EXCEEDED`) are sent again with the same ids,
     /// after the longest wait the refusals asked for, at most
-    /// `OVERLOAD_RETRIES_MAX` times and within the client's retry time. An
-    /// error of the whole call (an invalid item, say) is the outer `Err`.
+    /// `OVERLOAD_RETRIES_MAX` times and within the client's retry time.
     /// A leader of a release before `CreateJobs` (`UNIMPLEMENTED`, during a
     /// rolling upgrade) gets one `CreateJob` call per spec instead.
     pub async fn create_job_batch(
         &self,
         specs: Vec<pb::JobSpec>,
     ) -> Result<Vec<Result<pb::Job, Status>>, Status> {
-        if specs.is_empty() {
-            return Ok(Vec::new());
+        let mut out = Vec::with_capacity(specs.len());
+        let (mut call, mut bytes) = (Vec::new(), 0);
+        let total = specs.len();
+        for spec in specs {
+            // The spec, its request id and the item's framing.
+            let len = prost::Message::encoded_len(&spec) + 48;
+            if !call.is_empty()
+                && (call.len() == CREATE_BATCH_MAX || bytes + len > CREATE_BATCH_BYTES)
+            {
+                let first = out.len();
+                out.extend(
+                    self.create_job_call(std::mem::take(&mut call), first, total)
+                        .await?,
+                );
+                bytes = 0;
+            }
+            bytes += len;
+            call.push(spec);
         }
+        if !call.is_empty() {
+            let first = out.len();
+            out.extend(self.create_job_call(call, first, total).await?);
+        }
+        Ok(out)
+    }
+
+    /// One `CreateJobs` call of [`Client::create_job_batch`]: `specs` are
+    /// `[first, first + specs.len())` of `total`.
+    async fn create_job_call(
+        &self,
+        specs: Vec<pb::JobSpec>,
+        first: usize,
+        total: usize,
+    ) -> Result<Vec<Result<pb::Job, Status>>, Status> {
         let deadline = Instant::now() + self.inner.retry_for;
+        let specs_len = specs.len();
         let mut out: Vec<Option<Result<pb::Job, Status>>> = specs.iter().map(|_| None).collect();
         let mut items: Vec<(usize, pb::CreateJobsItem)> = (specs.into_iter().enumerate())
             .map(|(i, spec)| {
@@ -516,6 +553,11 @@ impl Client {
                         .map(|(_, item)| item.spec.unwrap_or_default())
                         .collect();
                     return Ok(self.create_jobs(specs, UNIMPLEMENTED_IN_FLIGHT).await);
+                }
+                Err(e) if total > specs_len => {
+                    let end = first + specs_len;
+                    let msg = format!("specs[{first}..{end}] of {total}: {}", e.message());
+                    return Err(Status::new(e.code(), msg));
                 }
                 other => other?,
             };

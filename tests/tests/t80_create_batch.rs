@@ -213,6 +213,42 @@ async fn a_batch_sent_again_with_its_request_ids_answers_with_the_jobs_it_made()
         Code::AlreadyExists
     );
     assert_eq!(job_ids(&c, "sdk-").await.len(), 50);
+    // Nothing to create is no call (the server refuses an empty one).
+    assert!(c.create_job_batch(Vec::new()).await.unwrap().is_empty());
+
+    // More than one call holds: 2,500 specs go in calls of 1,000 ...
+    let many: Vec<_> = (0..2500)
+        .map(|i| every_job(&format!("many-{i:04}"), "none", 3_600_000))
+        .collect();
+    let results = c.create_job_batch(many.clone()).await.unwrap();
+    let ids: Vec<String> = (results.iter())
+        .map(|r| r.as_ref().unwrap().spec.as_ref().unwrap().id.clone())
+        .collect();
+    let want: Vec<String> = many.iter().map(|s| s.id.clone()).collect();
+    assert_eq!(ids, want);
+    assert_eq!(job_ids(&c, "many-").await.len(), 2500);
+    // ... and 4.7 MiB of payloads in calls under the 4 MiB message cap.
+    let heavy: Vec<_> = (0..24)
+        .map(|i| {
+            let mut s = every_job(&format!("heavy-{i:02}"), "none", 3_600_000);
+            s.payload = vec![b'x'; 200 * 1024];
+            s
+        })
+        .collect();
+    let results = c.create_job_batch(heavy).await.unwrap();
+    let failed = results.iter().find(|r| r.is_err());
+    assert!(failed.is_none(), "{failed:?}");
+    assert_eq!(job_ids(&c, "heavy-").await.len(), 24);
+    // A call refused whole ends the batch, naming its specs; those before stand.
+    let mut bad: Vec<_> = (0..1500)
+        .map(|i| every_job(&format!("part-{i:04}"), "none", 3_600_000))
+        .collect();
+    bad[1200] = every_job("part-1200", "none", 0);
+    let e = c.create_job_batch(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let want = "specs[1000..1500] of 1500: items[200].spec.schedule";
+    assert!(e.message().starts_with(want), "{e:?}");
+    assert_eq!(job_ids(&c, "part-").await.len(), 1000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
