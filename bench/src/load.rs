@@ -318,9 +318,9 @@ pub async fn create_job_batches(
     concurrency: usize,
     deadline: Instant,
 ) -> CreateStats {
-    use chunked::Chunks;
     let start = Instant::now();
-    let calls = Chunks::new(specs, batch.max(1))
+    let calls = futures::stream::iter(specs)
+        .chunks(batch.max(1))
         .enumerate()
         .map(|(i, chunk)| {
             let c = clients[i % clients.len()].clone();
@@ -334,7 +334,7 @@ pub async fn create_job_batches(
                 (r, n, asked.elapsed().as_millis() as i64)
             }
         });
-    let mut stream = futures::stream::iter(calls).buffer_unordered(concurrency.max(1));
+    let mut stream = calls.buffer_unordered(concurrency.max(1));
     let mut st = CreateStats::default();
     while let Some((r, n, ms)) = stream.next().await {
         let results = match r {
@@ -352,28 +352,6 @@ pub async fn create_job_batches(
     }
     st.elapsed = start.elapsed();
     st
-}
-
-/// An iterator's items in vectors of `n` (the last may be shorter).
-mod chunked {
-    pub struct Chunks<I> {
-        inner: I,
-        n: usize,
-    }
-
-    impl<I> Chunks<I> {
-        pub fn new(inner: I, n: usize) -> Self {
-            Chunks { inner, n }
-        }
-    }
-
-    impl<I: Iterator> Iterator for Chunks<I> {
-        type Item = Vec<I::Item>;
-        fn next(&mut self) -> Option<Vec<I::Item>> {
-            let chunk: Vec<I::Item> = self.inner.by_ref().take(self.n).collect();
-            (!chunk.is_empty()).then_some(chunk)
-        }
-    }
 }
 
 /// A job spec in `group` with the given schedule.

@@ -475,10 +475,10 @@ impl Client {
     /// go in one call; more go in several, one after another, and a call
     /// refused whole (an invalid spec, say) ends the batch with its error,
     /// naming the specs it held; the calls before it stand. Every item
-    /// carries a request id of its own; items the leader refused as overloaded (`RESOURCE_EXHAUSTED`),
-    /// could not propose (`UNAVAILABLE`) or did not answer in time
-    /// (`DEADLINE_EXCEEDED`) are sent again with the same ids,
-    /// after the longest wait the refusals asked for, at most
+    /// carries a request id of its own; items the leader refused as
+    /// overloaded (`RESOURCE_EXHAUSTED`), could not propose (`UNAVAILABLE`)
+    /// or did not answer in time (`DEADLINE_EXCEEDED`) are sent again with
+    /// the same ids, after the longest wait the refusals asked for, at most
     /// `OVERLOAD_RETRIES_MAX` times and within the client's retry time.
     /// A leader of a release before `CreateJobs` (`UNIMPLEMENTED`, during a
     /// rolling upgrade) gets one `CreateJob` call per spec instead.
