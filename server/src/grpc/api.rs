@@ -55,6 +55,20 @@ struct Caller {
     rpc: &'static str,
 }
 
+impl Caller {
+    /// The `client_write` span of the call (`items` is set only by a
+    /// `CreateJobs` call, which has one span for all its creates).
+    fn span(&self) -> tracing::Span {
+        tracing::info_span!(
+            "client_write",
+            rpc = self.rpc,
+            request_id = self.request_id.as_deref().unwrap_or(""),
+            actor = %self.actor,
+            items = tracing::field::Empty,
+        )
+    }
+}
+
 /// The client's request id (`x-kairos-request-id`), if it sent one.
 fn request_id<T>(req: &Request<T>) -> Option<String> {
     let v = req.metadata().get(kairos_client::REQUEST_ID_HEADER)?;
@@ -66,12 +80,7 @@ impl Api {
     /// is applied at most once. Inside a `client_write` span (admission,
     /// proposal, commit and apply), exported with the run spans (`otel.rs`).
     async fn write(&self, who: Caller, cmd: Command) -> Result<R, Status> {
-        let span = tracing::info_span!(
-            "client_write",
-            rpc = who.rpc,
-            request_id = who.request_id.as_deref().unwrap_or(""),
-            actor = %who.actor,
-        );
+        let span = who.span();
         self.propose(who, cmd).instrument(span).await
     }
 
@@ -156,9 +165,7 @@ fn batch_in(
     let mut out = Vec::with_capacity(n);
     for (i, item) in items.into_iter().enumerate() {
         let at = |msg: &str| Status::invalid_argument(format!("items[{i}].{msg}"));
-        let Some(spec) = item.spec else {
-            return Err(at("spec: required"));
-        };
+        let spec = item.spec.ok_or_else(|| at("spec: required"))?;
         let spec = spec_in(Some(spec)).map_err(|e| at(&format!("spec.{}", e.message())))?;
         let spec = with_seed(spec);
         validate::job_spec(&spec, now_ms).map_err(|e| at(&format!("spec.{e}")))?;
@@ -257,13 +264,8 @@ impl pb::jobs_server::Jobs for Api {
         let now_ms = write_now_ms(&self.node).await?;
         let items = batch_in(req.into_inner().items, who.request_id.as_deref(), now_ms)?;
         // One `client_write` span for the call, not one per item.
-        let span = tracing::info_span!(
-            "client_write",
-            rpc = who.rpc,
-            request_id = who.request_id.as_deref().unwrap_or(""),
-            actor = %who.actor,
-            items = items.len(),
-        );
+        let span = who.span();
+        span.record("items", items.len());
         // Each item is a CreateJob of its own; proposed together, they go
         // into the log in the same group commits.
         let writes = items.into_iter().map(|(request_id, spec)| {

@@ -148,10 +148,11 @@ pub async fn apply(c: &Client, a: ApplyArgs) -> anyhow::Result<()> {
         .collect();
     let mut failed = std::collections::HashMap::new();
     if !a.dry_run && !missing.is_empty() {
-        let results = c.create_job_batch(missing.clone()).await?;
-        for (s, r) in missing.iter().zip(results) {
+        let ids: Vec<String> = missing.iter().map(|s| s.id.clone()).collect();
+        let results = c.create_job_batch(missing).await?;
+        for (id, r) in ids.into_iter().zip(results) {
             if let Err(e) = r {
-                failed.insert(s.id.clone(), e.message().to_string());
+                failed.insert(id, e.message().to_string());
             }
         }
     }
