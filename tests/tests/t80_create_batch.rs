@@ -62,6 +62,20 @@ async fn a_batch_creates_each_job_in_order_and_a_bad_item_creates_nothing() {
         .unwrap();
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let via = cluster.node(follower).addr.clone();
+    // The raw calls below do not retry: first the follower must know the
+    // leader (a forwarded read answers once it does).
+    wait_for(
+        "the follower to forward",
+        Duration::from_secs(30),
+        || async {
+            let mut j = JobsClient::new(kairos_client::channel(&via).ok()?);
+            let req = pb::JobRef {
+                id: "b-taken".into(),
+            };
+            j.get_job(req).await.ok().map(drop)
+        },
+    )
+    .await;
 
     // Through a follower: 300 items, one of them a job that already exists.
     let mut items: Vec<_> = (0..300)
