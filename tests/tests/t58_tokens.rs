@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use kairos_client::pb::{self, cluster_client::ClusterClient, worker_message::Msg as Out};
 use kairos_client::{Client, Security};
+use kairos_server::core::command::LOG_FORMAT;
 use kairos_tests::{create, every_job, wait_for, Cluster};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -282,7 +283,9 @@ async fn the_console_api_needs_a_reader_token_and_metrics_stay_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_history_names_the_token_behind_each_change() {
     let cluster = Cluster::start_secure(1, &[]);
-    cluster.wait_leader().await;
+    let leader = cluster.wait_leader().await;
+    // From log format 5 the job holds its create's record until it changes.
+    cluster.wait_log_format(leader, LOG_FORMAT).await;
     let admin = cluster.client();
     let ops = as_token(
         &cluster,
@@ -292,6 +295,10 @@ async fn job_history_names_the_token_behind_each_change() {
     create(&ops, every_job("nightly", "g", 60_000))
         .await
         .unwrap();
+    assert_eq!(
+        history(&ops, "nightly").await,
+        vec![(1, "create".into(), "ops".into())]
+    );
     let paused = admin
         .jobs(|mut j| async move {
             j.pause_job(pb::PauseJobRequest {
@@ -311,22 +318,29 @@ async fn job_history_names_the_token_behind_each_change() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     let f = pause_firing(&admin).await.unwrap();
     assert_eq!((f.paused, f.by.as_str()), (true, "admin"));
-    let h = ops
-        .jobs(|mut j| async move {
-            j.job_history(pb::JobRef {
-                id: "nightly".into(),
-            })
-            .await
+    assert_eq!(
+        history(&ops, "nightly").await,
+        vec![
+            (1, "create".into(), "ops".into()),
+            (2, "pause".into(), "admin".into())
+        ]
+    );
+}
+
+/// Job `id`'s revisions as (revision, action, by); each has a time.
+async fn history(c: &Client, id: &str) -> Vec<(u64, String, String)> {
+    let id = id.to_string();
+    let h = c
+        .jobs(|mut j| {
+            let id = id.clone();
+            async move { j.job_history(pb::JobRef { id }).await }
         })
         .await
         .unwrap();
-    let seen: Vec<(u64, &str, &str)> = h
-        .revisions
-        .iter()
-        .map(|r| (r.revision, r.action.as_str(), r.by.as_str()))
-        .collect();
-    assert_eq!(seen, vec![(1, "create", "ops"), (2, "pause", "admin")]);
-    assert!(h.revisions.iter().all(|r| r.at_ms > 0));
+    assert!(h.revisions.iter().all(|r| r.at_ms > 0), "{h:?}");
+    (h.revisions.into_iter())
+        .map(|r| (r.revision, r.action, r.by))
+        .collect()
 }
 
 async fn pause_firing(c: &Client) -> Result<pb::FiringStatus, tonic::Status> {

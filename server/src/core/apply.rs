@@ -755,12 +755,16 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             next_offset_ms: 0,
             catch_up_max: spec.catch_up_max,
             create_request: self.create_request.map(str::to_string),
+            // From log format 5 the job implies its create's revision record.
+            created_by: (self.log_format() >= 5).then(|| self.actor.to_string()),
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now)?;
         self.schedule_next(&mut job, first);
+        if job.created_by.is_none() {
+            self.record_revision(&mut job, "create");
+        }
         self.put_job(&job);
-        self.record_revision(&job, job.revision, "create");
         self.job_changed(&job, JobChange::Created);
         Ok(job)
     }
@@ -822,8 +826,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             let pending = job.next_fire_at_ms;
             self.set_next(&mut job, pending);
         }
+        self.record_revision(&mut job, "update");
         self.put_job(&job);
-        self.record_revision(&job, job.revision, "update");
         self.job_changed(&job, JobChange::Updated);
         Ok(job)
     }
@@ -861,7 +865,9 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             }
         }
         self.o.delete(keys::job(id));
-        self.record_revision(&job, job.revision.saturating_add(1), "delete");
+        // The deletion is the id's last revision of this generation.
+        job.revision = job.revision.saturating_add(1);
+        self.record_revision(&mut job, "delete");
         self.job_changed(&job, JobChange::Deleted);
         Ok(true)
     }
@@ -874,9 +880,19 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         });
     }
 
-    /// Appends to the job's revision history, keeping the newest
-    /// `JOB_REVISIONS_MAX` records of this job id (over all its generations).
-    fn record_revision(&mut self, job: &Job, revision: u64, action: &str) {
+    /// Appends `job.revision` to the job's revision history, keeping the
+    /// newest `JOB_REVISIONS_MAX` records of this job id (over all its
+    /// generations). The create's record, while the job only implies it, is
+    /// written first: the caller stores the job after this, without it.
+    fn record_revision(&mut self, job: &mut Job, action: &str) {
+        let revision = job.revision;
+        if let Some(create) = job.implied_revision() {
+            self.put(
+                keys::job_history(&job.id, job.created_at_ms, create.revision),
+                &create,
+            );
+            job.created_by = None;
+        }
         let rec = JobRevision {
             revision,
             at_ms: self.now,
@@ -911,8 +927,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             });
             job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
+            self.record_revision(&mut job, "pause");
             self.put_job(&job);
-            self.record_revision(&job, job.revision, "pause");
             self.job_changed(&job, JobChange::Paused);
         }
         Ok(job)
@@ -935,8 +951,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             if parked {
                 self.set_backfill_step(&mut job, Some(self.now));
             }
+            self.record_revision(&mut job, "resume");
             self.put_job(&job);
-            self.record_revision(&job, job.revision, "resume");
             self.job_changed(&job, JobChange::Resumed);
         }
         Ok(job)

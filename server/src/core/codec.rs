@@ -64,13 +64,29 @@ where
     E: Serialize + Default + PartialEq,
     M: Serialize + Default + PartialEq,
 {
+    encode_with_three_tails(head, tail, more, &())
+}
+
+/// `encode_with_tails` with a third tail, from a format later still: each
+/// tail is written when it or a later one is set.
+pub fn encode_with_three_tails<T, E, M, L>(head: &T, tail: &E, more: &M, last: &L) -> Vec<u8>
+where
+    T: Serialize,
+    E: Serialize + Default + PartialEq,
+    M: Serialize + Default + PartialEq,
+    L: Serialize + Default + PartialEq,
+{
     let mut out = encode(head);
-    let more_set = *more != M::default();
+    let last_set = *last != L::default();
+    let more_set = last_set || *more != M::default();
     if more_set || *tail != E::default() {
         out.extend(encode(tail));
     }
     if more_set {
         out.extend(encode(more));
+    }
+    if last_set {
+        out.extend(encode(last));
     }
     out
 }
@@ -97,9 +113,25 @@ where
     E: DeserializeOwned + Default,
     M: DeserializeOwned + Default,
 {
+    let (head, tail, more, ()) = decode_with_three_tails(b, what)?;
+    Ok((head, tail, more))
+}
+
+/// Reads `encode_with_three_tails`'s bytes, or a record with fewer tails.
+pub fn decode_with_three_tails<T, E, M, L>(
+    b: &[u8],
+    what: &'static str,
+) -> Result<(T, E, M, L), bincode::error::DecodeError>
+where
+    T: DeserializeOwned,
+    E: DeserializeOwned + Default,
+    M: DeserializeOwned + Default,
+    L: DeserializeOwned + Default,
+{
     let (head, mut used) = decode_prefix::<T>(b)?;
     let mut tail = E::default();
     let mut more = M::default();
+    let mut last = L::default();
     if used < b.len() {
         let (t, n) = decode_prefix::<E>(&b[used..])?;
         (tail, used) = (t, used + n);
@@ -108,24 +140,33 @@ where
         let (m, n) = decode_prefix::<M>(&b[used..])?;
         (more, used) = (m, used + n);
     }
+    if used < b.len() {
+        let (l, n) = decode_prefix::<L>(&b[used..])?;
+        (last, used) = (l, used + n);
+    }
     if used != b.len() {
         return Err(bincode::error::DecodeError::Other(what));
     }
-    Ok((head, tail, more))
+    Ok((head, tail, more, last))
 }
 
-/// How many tails a stored record has after its `T` head and its first
-/// tail `E`: 0, 1 or 2 (a record that does not decode counts as 0).
-pub fn tails<T: DeserializeOwned, E: DeserializeOwned>(b: &[u8]) -> usize {
-    let Ok((_, used)) = decode_prefix::<T>(b) else {
+/// How many tails a stored record has after its `T` head, its first tail
+/// `E` and its second `M`: 0 to 3 (a record that does not decode counts
+/// as 0).
+pub fn tails<T: DeserializeOwned, E: DeserializeOwned, M: DeserializeOwned>(b: &[u8]) -> usize {
+    let Ok((_, mut used)) = decode_prefix::<T>(b) else {
         return 0;
     };
     if used == b.len() {
         return 0;
     }
     match decode_prefix::<E>(&b[used..]) {
-        Ok((_, n)) if used + n < b.len() => 2,
-        _ => 1,
+        Ok((_, n)) if used + n < b.len() => used += n,
+        _ => return 1,
+    }
+    match decode_prefix::<M>(&b[used..]) {
+        Ok((_, n)) if used + n < b.len() => 3,
+        _ => 2,
     }
 }
 

@@ -31,12 +31,15 @@ use super::types::{
 /// `Backfill` wheel keys in `Fire`, the run's backfill mark), overlap
 /// `replace` waiting for the runs it replaces, a create's request id kept
 /// in its job instead of the request-id table, and job records' second
-/// tail and run records' tail. bincode is not self-describing: what older
+/// tail and run records' tail.
+/// 5: a create's revision record implied by its job until the job first
+/// changes (`Job::created_by`, in job records' third tail), so a create
+/// writes two keys instead of three. bincode is not self-describing: what older
 /// formats lack travels in appended variants, never in fields added to
 /// existing ones (nor to a struct an existing variant holds, such as
 /// `SpecExt`), so entries of every older format keep decoding as they
 /// were written.
-pub const LOG_FORMAT: u32 = 4;
+pub const LOG_FORMAT: u32 = 5;
 /// The oldest log format this binary decodes.
 pub const LOG_FORMAT_OLDEST: u32 = 1;
 /// The format of a cluster that never activated one, and the newest format
@@ -288,7 +291,8 @@ pub enum Command {
 /// 3 for a workflow index or input key and a job record with its first
 /// tail; 4 for a run's backfill mark, a backfill step entry, a jittered
 /// occurrence entry (it fires after its nominal time), a job record with
-/// its second tail and a run record with a tail.
+/// its second tail and a run record with a tail; 5 for a job record with
+/// its third tail (a create it implies).
 fn restored_format(k: &[u8], v: &[u8]) -> u32 {
     let newer_entry = |w: WheelKey| {
         w.kind == EntryKind::Backfill

@@ -4,7 +4,7 @@
 
 use super::codec::decode;
 use super::keys;
-use super::types::{Job, JobState, Labels, Run, RunId};
+use super::types::{limits, Job, JobRevision, JobState, Labels, Run, RunId};
 use super::view::StateView;
 
 /// Runs of `job` strictly after `after` (or from the first one), in
@@ -29,6 +29,31 @@ pub fn runs_after<V: StateView + ?Sized>(
         .iter()
         .filter_map(|(_, v)| Run::from_record(v).ok())
         .collect()
+}
+
+/// The revision records of job id `job`, oldest first, at most
+/// `limits::JOB_REVISIONS_MAX` (the newest): those stored, over all the
+/// id's generations, and the create a job implies until it first changes
+/// (log format 5, `Job::created_by`).
+pub fn job_history<V: StateView + ?Sized>(view: &V, job: &str) -> Vec<JobRevision> {
+    let max = limits::JOB_REVISIONS_MAX;
+    let prefix = keys::job_history_prefix(job);
+    let mut rows: Vec<(Vec<u8>, JobRevision)> =
+        (view.range(&prefix, &keys::prefix_end(&prefix), max + 1))
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, decode(&v).ok()?)))
+            .collect();
+    let current = view
+        .get(&keys::job(job))
+        .and_then(|b| Job::from_record(&b).ok());
+    if let Some((job, create)) = current.and_then(|j| j.implied_revision().map(|c| (j, c))) {
+        let key = keys::job_history(&job.id, job.created_at_ms, create.revision);
+        rows.retain(|(k, _)| *k != key);
+        let at = rows.partition_point(|(k, _)| *k < key);
+        rows.insert(at, (key, create));
+    }
+    let skip = rows.len().saturating_sub(max);
+    rows.into_iter().skip(skip).map(|(_, r)| r).collect()
 }
 
 /// The cluster's active log format: what leaders write entries at.

@@ -1933,6 +1933,128 @@ fn job_changes_record_who_made_them_and_the_history_is_bounded() {
     assert_eq!(h.last().map(|r| r.revision), Some(151), "newest kept");
 }
 
+fn history_of(sim: &Sim, job: &str) -> Vec<(u64, String, String, i64)> {
+    query::job_history(&sim.view, job)
+        .into_iter()
+        .map(|r| (r.revision, r.action, r.by, r.at_ms))
+        .collect()
+}
+
+fn row(revision: u64, action: &str, by: &str, at_ms: i64) -> (u64, String, String, i64) {
+    (revision, action.into(), by.into(), at_ms)
+}
+
+#[test]
+fn from_log_format_5_a_job_implies_its_create_record_until_it_first_changes() {
+    let create = |now_ms| {
+        authored(
+            "ops",
+            Command::CreateJob {
+                spec: every("a", 60_000),
+                now_ms,
+            },
+        )
+    };
+    // Before format 5 a create writes its record (and the job record
+    // stays readable by format-4 releases).
+    let mut old = Sim::default();
+    old.exec(Command::ActivateLogFormat { format: 4 });
+    old.exec(create(T0));
+    assert_eq!(revisions(&old, "a").len(), 1);
+    assert!(Job::record_format(&old.view.get(&keys::job("a")).unwrap()) <= 4);
+
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 5 });
+    let made = sim.exec(create(T0));
+    let history_keys = (state_writes(&made).iter())
+        .filter(|w| matches!(w, Write::Put(k, _) if k.first() == Some(&keys::JOB_HISTORY)))
+        .count();
+    assert_eq!(history_keys, 0, "no revision record at create");
+    assert_eq!(state_writes(&made).len(), 2, "the job and its wheel entry");
+    let record = sim.view.get(&keys::job("a")).unwrap();
+    assert_eq!(Job::record_format(&record), 5);
+    assert_eq!(history_of(&sim, "a"), vec![row(1, "create", "ops", T0)]);
+    assert_eq!(
+        history_of(&sim, "a"),
+        history_of(&old, "a"),
+        "reads as before"
+    );
+
+    // A fire rewrites the job; its create stays implied.
+    sim.fire(T0 + 60_000, vec![occ("a", T0 + 60_000)]);
+    assert!(revisions(&sim, "a").is_empty());
+    assert_eq!(history_of(&sim, "a"), vec![row(1, "create", "ops", T0)]);
+
+    // The first change writes the create's record, then its own.
+    sim.exec(authored(
+        "ci",
+        Command::PauseJob {
+            id: "a".into(),
+            now_ms: T0 + 70_000,
+        },
+    ));
+    let stored: Vec<(u64, String, String, i64)> = (revisions(&sim, "a").into_iter())
+        .map(|r| (r.revision, r.action, r.by, r.at_ms))
+        .collect();
+    let want = vec![
+        row(1, "create", "ops", T0),
+        row(2, "pause", "ci", T0 + 70_000),
+    ];
+    assert_eq!(stored, want);
+    assert_eq!(history_of(&sim, "a"), want);
+    assert_eq!(sim.job("a").created_by, None);
+    assert!(Job::record_format(&sim.view.get(&keys::job("a")).unwrap()) <= 4);
+}
+
+#[test]
+fn an_implied_create_counts_in_the_history_bound_and_sorts_after_older_generations() {
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 5 });
+    let create = |now_ms| Command::CreateJob {
+        spec: every("a", 60_000),
+        now_ms,
+    };
+    // A deleted job never changed: its create is written by the delete.
+    sim.exec(create(T0));
+    sim.exec(Command::DeleteJob {
+        id: "a".into(),
+        now_ms: T0 + 1,
+    });
+    let first = vec![row(1, "create", "", T0), row(2, "delete", "", T0 + 1)];
+    assert_eq!(history_of(&sim, "a"), first);
+
+    // A second generation with a long history, deleted, then a third.
+    sim.exec(create(T0 + 10));
+    for i in 0..(limits::JOB_REVISIONS_MAX as i64) {
+        let now_ms = T0 + 20 + i;
+        let id = "a".to_string();
+        sim.exec(if i % 2 == 0 {
+            Command::PauseJob { id, now_ms }
+        } else {
+            Command::ResumeJob { id, now_ms }
+        });
+    }
+    sim.exec(Command::DeleteJob {
+        id: "a".into(),
+        now_ms: T0 + 500,
+    });
+    assert_eq!(revisions(&sim, "a").len(), limits::JOB_REVISIONS_MAX);
+    sim.exec(create(T0 + 600));
+    let h = history_of(&sim, "a");
+    assert_eq!(
+        h.len(),
+        limits::JOB_REVISIONS_MAX,
+        "stored and implied, bounded"
+    );
+    assert_eq!(
+        h.last(),
+        Some(&row(1, "create", "", T0 + 600)),
+        "newest last"
+    );
+    assert_eq!(h[h.len() - 2], row(102, "delete", "", T0 + 500));
+    assert_eq!(h.first().map(|r| r.0), Some(4), "the oldest fell out");
+}
+
 #[test]
 fn an_author_wraps_one_plain_command() {
     let mut sim = Sim::default();

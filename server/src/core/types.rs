@@ -7,7 +7,8 @@ use bincode::error::DecodeError;
 use serde::{Deserialize, Serialize};
 
 use super::codec::{
-    decode_with_tail, decode_with_tails, encode_with_tail, encode_with_tails, has_tail, tails,
+    decode_with_tail, decode_with_three_tails, encode_with_tail, encode_with_three_tails, has_tail,
+    tails,
 };
 pub use super::workflow::{Cycle, OnUpstreamFailure, Seen, TriggerRule, Workflow};
 
@@ -587,6 +588,13 @@ pub struct Job {
     /// retried create finds it here instead of in the request-id table.
     #[serde(skip)]
     pub create_request: Option<String>,
+    /// Who created the job (the token's name, "" without tokens), while its
+    /// create's revision record is not yet written (log format 5): the job
+    /// implies that record (revision 1 at `created_at_ms`) until it first
+    /// changes, when the record is written and this cleared. So a create
+    /// writes two keys (the job and its wheel entry), not three.
+    #[serde(skip)]
+    pub created_by: Option<String>,
 }
 
 /// A job's schedule as state format 8 holds it: a union's first member.
@@ -624,6 +632,13 @@ struct JobMore {
     /// A union schedule's members after the first.
     also: Vec<Schedule>,
     create_request: Option<String>,
+}
+
+/// A job record's third tail: what log format 5 added (written only when
+/// set, so a record without it reads on format-4 releases).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct JobFormat5 {
+    created_by: Option<String>,
 }
 
 impl Job {
@@ -676,7 +691,10 @@ impl Job {
             },
             create_request: self.create_request.clone(),
         };
-        encode_with_tails(self, &ext, &more)
+        let format5 = JobFormat5 {
+            created_by: self.created_by.clone(),
+        };
+        encode_with_three_tails(self, &ext, &more, &format5)
     }
 
     /// Whether a stored record has an extension tail (bytes after the
@@ -686,20 +704,25 @@ impl Job {
     }
 
     /// The oldest log format whose releases read a stored record: 1 for
-    /// state format 8's record, 3 with the first tail, 4 with the second.
+    /// state format 8's record, 3 with the first tail, 4 with the second,
+    /// 5 with the third.
     pub fn record_format(b: &[u8]) -> u32 {
-        match tails::<Job, JobExt>(b) {
+        match tails::<Job, JobExt, JobMore>(b) {
             0 => 1,
             1 => 3,
-            _ => 4,
+            2 => 4,
+            _ => 5,
         }
     }
 
     /// Reads `to_record`'s bytes (or a format-8 record): the tail, when
     /// present, must decode exactly to its end.
     pub fn from_record(b: &[u8]) -> Result<Job, DecodeError> {
-        let (mut job, ext, more) =
-            decode_with_tails::<Job, JobExt, JobMore>(b, "job record: bytes after its extensions")?;
+        let (mut job, ext, more, format5) =
+            decode_with_three_tails::<Job, JobExt, JobMore, JobFormat5>(
+                b,
+                "job record: bytes after its extensions",
+            )?;
         if !more.also.is_empty() {
             let first = std::mem::replace(&mut job.schedule, Schedule::Upstream);
             job.schedule = Schedule::Union(std::iter::once(first).chain(more.also).collect());
@@ -719,7 +742,19 @@ impl Job {
             catch_up_max: more.catch_up_max,
             backfill: more.backfill,
             create_request: more.create_request,
+            created_by: format5.created_by,
             ..job
+        })
+    }
+
+    /// The create's revision record while the job implies it (`created_by`).
+    pub fn implied_revision(&self) -> Option<JobRevision> {
+        let by = self.created_by.as_ref()?;
+        Some(JobRevision {
+            revision: 1,
+            at_ms: self.created_at_ms,
+            by: by.clone(),
+            action: "create".to_string(),
         })
     }
 

@@ -677,12 +677,7 @@ impl StateMachine {
 
     /// The revision records of job id `job`, oldest first.
     pub fn job_history(&self, job: &str) -> Vec<core::JobRevision> {
-        let prefix = keys::job_history_prefix(job);
-        let end = keys::prefix_end(&prefix);
-        let rows = self
-            .view()
-            .range(&prefix, &end, core::limits::JOB_REVISIONS_MAX + 2);
-        rows.iter().filter_map(|(_, v)| decode(v).ok()).collect()
+        core::query::job_history(&self.view(), job)
     }
 
     /// Every token, by name (at most `limits::TOKENS_MAX` exist).
