@@ -73,7 +73,9 @@ async fn a_node_killed_halfway_through_a_large_flush_writes_it_again_at_open() {
     });
     cluster.wait_leader().await;
     let c = start_ticking(&cluster).await;
-    let specs = (0..1_600)
+    // A create writes two keys (its job and its wheel entry; log format 5).
+    const JOBS: usize = 2_600;
+    let specs = (0..JOBS)
         .map(|i| every_job(&format!("slow-{i}"), "g", 3_600_000))
         .collect();
     for r in c.create_jobs(specs, 64).await {
@@ -111,7 +113,7 @@ async fn a_node_killed_halfway_through_a_large_flush_writes_it_again_at_open() {
     )
     .await;
     fires_on_without_gap(&cluster, &c, &[1, 2, 3]).await;
-    assert_eq!(job_ids(&c, "slow-").await.len(), 1_600);
+    assert_eq!(job_ids(&c, "slow-").await.len(), JOBS);
 }
 
 /// Everything a node proposes shares log entries while one is in flight
