@@ -658,10 +658,21 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
 
     /// First occurrence of a freshly (re)scheduled job, strictly after
     /// `after` except for one-shots, and not before the job's start.
-    fn first_occurrence(&self, job: &Job, after: i64) -> Result<Option<i64>, CommandError> {
+    ///
+    /// `new`: the job is being created. It has no runs (they are keyed by
+    /// its id, and an id whose runs remain cannot be created), so from log
+    /// format 5 its one-shot's run is not looked up: for a job sled has not
+    /// seen, that lookup scans sled for the job's run bound.
+    fn first_occurrence(
+        &self,
+        job: &Job,
+        after: i64,
+        new: bool,
+    ) -> Result<Option<i64>, CommandError> {
         let start = job.bounds.start_at_ms.unwrap_or(i64::MIN);
         if let Schedule::Once { at_ms } = job.schedule {
-            let fired = self.run_rec(&RunId::new(&job.id, at_ms)).is_some();
+            let runless = new && self.log_format() >= 5;
+            let fired = !runless && self.run_rec(&RunId::new(&job.id, at_ms)).is_some();
             return Ok((!fired && at_ms >= start).then_some(at_ms));
         }
         next_after(&job.schedule, after.max(start.saturating_sub(1)))
@@ -759,7 +770,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             created_by: (self.log_format() >= 5).then(|| self.actor.to_string()),
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
-        let first = self.first_occurrence(&job, self.now)?;
+        let first = self.first_occurrence(&job, self.now, true)?;
         self.schedule_next(&mut job, first);
         if job.created_by.is_none() {
             self.record_revision(&mut job, "create");
@@ -819,7 +830,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             if !spec.schedule_matches(&job.schedule) {
                 job.schedule = spec.resolve_schedule(self.now);
             }
-            let first = self.first_occurrence(&job, self.now)?;
+            let first = self.first_occurrence(&job, self.now, false)?;
             self.schedule_next(&mut job, first);
         } else if jitter_changed {
             // The pending occurrence stays, at its offset under the new jitter.
@@ -943,7 +954,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             job.revision = job.revision.saturating_add(1);
             job.updated_at_ms = self.now;
             if job.finished_at_ms.is_none() {
-                let first = self.first_occurrence(&job, self.now)?;
+                let first = self.first_occurrence(&job, self.now, false)?;
                 self.schedule_next(&mut job, first);
             }
             let parked = (job.backfill.as_ref())

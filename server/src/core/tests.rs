@@ -2006,6 +2006,46 @@ fn from_log_format_5_a_job_implies_its_create_record_until_it_first_changes() {
     assert!(Job::record_format(&sim.view.get(&keys::job("a")).unwrap()) <= 4);
 }
 
+/// Records the keys read through it.
+struct ReadLog<'a> {
+    view: &'a MemView,
+    keys: std::cell::RefCell<Vec<Vec<u8>>>,
+}
+
+impl StateView for ReadLog<'_> {
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.keys.borrow_mut().push(key.to_vec());
+        self.view.get(key)
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+        self.keys.borrow_mut().push(start.to_vec());
+        self.view.range(start, end, limit)
+    }
+}
+
+#[test]
+fn from_log_format_5_a_new_one_shot_does_not_look_up_its_run() {
+    let reads_a_run = |format: u32| {
+        let mut sim = Sim::default();
+        sim.exec(Command::ActivateLogFormat { format });
+        let log = ReadLog {
+            view: &sim.view,
+            keys: Default::default(),
+        };
+        let cmd = Command::create_job(spec("a", ScheduleInput::At { at_ms: T0 + 5000 }), T0);
+        let a = apply(&log, &cmd);
+        let Response::Job(job) = &a.response else {
+            panic!("{:?}", a.response);
+        };
+        assert_eq!(job.next_fire_at_ms, Some(T0 + 5000));
+        let keys_read = log.keys.into_inner();
+        keys_read.iter().any(|k| k.first() == Some(&keys::RUN))
+    };
+    assert!(reads_a_run(4), "format 4 looks it up, as its releases do");
+    assert!(!reads_a_run(5));
+}
+
 #[test]
 fn an_implied_create_counts_in_the_history_bound_and_sorts_after_older_generations() {
     let mut sim = Sim::default();

@@ -309,11 +309,13 @@ impl Dirty {
     fn merge(&mut self, net: Pending, vanished: Vanished, tree: &dyn StateView) {
         self.runs.raise(&net);
         for (k, v) in net {
+            // One search of the open window per key (it holds up to
+            // `FLUSH_KEYS`): the insert hands back what it replaced.
+            let key_len = k.len();
             self.open_bytes += pair_size(&k, &v);
-            if let Some(old) = self.open.get(&k) {
-                self.open_bytes -= pair_size(&k, old);
+            if let Some(old) = self.open.insert(k, v) {
+                self.open_bytes -= key_len + old.map_or(0, |v| v.len());
             }
-            self.open.insert(k, v);
         }
         let mut gone = vanished.keys;
         if vanished.seals != self.seals {
