@@ -34,7 +34,8 @@ use super::types::{
 /// tail and run records' tail.
 /// 5: a create's revision record implied by its job until the job first
 /// changes (`Job::created_by`, in job records' third tail), so a create
-/// writes two keys instead of three. bincode is not self-describing: what older
+/// writes two keys instead of three, and a new one-shot's run not looked
+/// up (a job being created has none). bincode is not self-describing: what older
 /// formats lack travels in appended variants, never in fields added to
 /// existing ones (nor to a struct an existing variant holds, such as
 /// `SpecExt`), so entries of every older format keep decoding as they
