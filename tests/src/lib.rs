@@ -669,6 +669,23 @@ pub async fn get_job(c: &Client, id: &str) -> pb::Job {
     .unwrap_or_else(|e| panic!("get {id}: {e}"))
 }
 
+/// Job `id`'s revision history as (revision, action, by), oldest first;
+/// panics naming the id if it cannot be read, or if a revision has no time.
+pub async fn job_history(c: &Client, id: &str) -> Vec<(u64, String, String)> {
+    let r = pb::JobRef { id: id.into() };
+    let h = c
+        .jobs(|mut j| {
+            let r = r.clone();
+            async move { j.job_history(r).await }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("history of {id}: {e}"));
+    assert!(h.revisions.iter().all(|r| r.at_ms > 0), "{h:?}");
+    (h.revisions.into_iter())
+        .map(|r| (r.revision, r.action, r.by))
+        .collect()
+}
+
 /// Checks a fixed-rate job's run history: each scheduled time once, consecutive ones exactly `every_ms` apart.
 pub fn assert_no_gap_no_double(runs: &[pb::Run], every_ms: i64) {
     assert!(!runs.is_empty(), "no runs at all");

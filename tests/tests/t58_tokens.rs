@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kairos_client::pb::{self, cluster_client::ClusterClient, worker_message::Msg as Out};
 use kairos_client::{Client, Security};
 use kairos_server::core::command::LOG_FORMAT;
-use kairos_tests::{create, every_job, wait_for, Cluster};
+use kairos_tests::{create, every_job, job_history, wait_for, Cluster};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
@@ -296,7 +296,7 @@ async fn job_history_names_the_token_behind_each_change() {
         .await
         .unwrap();
     assert_eq!(
-        history(&ops, "nightly").await,
+        job_history(&ops, "nightly").await,
         vec![(1, "create".into(), "ops".into())]
     );
     let paused = admin
@@ -319,28 +319,12 @@ async fn job_history_names_the_token_behind_each_change() {
     let f = pause_firing(&admin).await.unwrap();
     assert_eq!((f.paused, f.by.as_str()), (true, "admin"));
     assert_eq!(
-        history(&ops, "nightly").await,
+        job_history(&ops, "nightly").await,
         vec![
             (1, "create".into(), "ops".into()),
             (2, "pause".into(), "admin".into())
         ]
     );
-}
-
-/// Job `id`'s revisions as (revision, action, by); each has a time.
-async fn history(c: &Client, id: &str) -> Vec<(u64, String, String)> {
-    let id = id.to_string();
-    let h = c
-        .jobs(|mut j| {
-            let id = id.clone();
-            async move { j.job_history(pb::JobRef { id }).await }
-        })
-        .await
-        .unwrap();
-    assert!(h.revisions.iter().all(|r| r.at_ms > 0), "{h:?}");
-    (h.revisions.into_iter())
-        .map(|r| (r.revision, r.action, r.by))
-        .collect()
 }
 
 async fn pause_firing(c: &Client) -> Result<pb::FiringStatus, tonic::Status> {

@@ -13,8 +13,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use kairos_client::{pb, Client};
+use kairos_server::core::command::LOG_FORMAT;
 use kairos_tests::{
-    assert_no_gap_no_double, create, every_job, kairos_bin, outcome, wait_for, Cluster,
+    assert_no_gap_no_double, create, every_job, job_history, kairos_bin, outcome, wait_for, Cluster,
 };
 
 /// `kairos restore --from FILE --data-dir DIR`: (success, output).
@@ -56,7 +57,9 @@ fn damaged_copies(good: &Path, dir: &Path) -> [(std::path::PathBuf, &'static str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_restores_into_a_new_cluster_and_damaged_ones_are_refused() {
     let a = Cluster::start(3, &[]);
-    a.wait_leader().await;
+    let leader = a.wait_leader().await;
+    // Jobs whose records imply their create's revision (log format 5).
+    a.wait_log_format(leader, LOG_FORMAT).await;
     let ca = a.client();
     create(&ca, every_job("tick", "none", 200)).await.unwrap();
     create(&ca, every_job("hourly", "none", 3_600_000))
@@ -100,6 +103,10 @@ async fn a_backup_restores_into_a_new_cluster_and_damaged_ones_are_refused() {
     assert_eq!(
         job_ids(&cb).await,
         vec!["hourly".to_string(), "tick".to_string()]
+    );
+    assert_eq!(
+        job_history(&cb, "hourly").await,
+        vec![(1, "create".to_string(), String::new())]
     );
     let restored = cb.list_runs("tick", 100_000).await.unwrap().len();
     assert!(restored >= 10, "runs of the backup: {restored}");
