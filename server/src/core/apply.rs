@@ -656,6 +656,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
     }
 
+    /// Whether creates are lean (log format 5): no revision record (the job
+    /// implies it, `Job::created_by`) and no lookup of a new one-shot's run.
+    fn lean_creates(&self) -> bool {
+        self.log_format() >= 5
+    }
+
     /// First occurrence of a freshly (re)scheduled job, strictly after
     /// `after` except for one-shots, and not before the job's start.
     ///
@@ -671,7 +677,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     ) -> Result<Option<i64>, CommandError> {
         let start = job.bounds.start_at_ms.unwrap_or(i64::MIN);
         if let Schedule::Once { at_ms } = job.schedule {
-            let runless = new && self.log_format() >= 5;
+            let runless = new && self.lean_creates();
             let fired = !runless && self.run_rec(&RunId::new(&job.id, at_ms)).is_some();
             return Ok((!fired && at_ms >= start).then_some(at_ms));
         }
@@ -766,8 +772,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             next_offset_ms: 0,
             catch_up_max: spec.catch_up_max,
             create_request: self.create_request.map(str::to_string),
-            // From log format 5 the job implies its create's revision record.
-            created_by: (self.log_format() >= 5).then(|| self.actor.to_string()),
+            // The job implies its create's revision record.
+            created_by: self.lean_creates().then(|| self.actor.to_string()),
         };
         self.set_workflow(&mut job, spec.workflow.clone())?;
         let first = self.first_occurrence(&job, self.now, true)?;

@@ -309,12 +309,16 @@ impl Dirty {
     fn merge(&mut self, net: Pending, vanished: Vanished, tree: &dyn StateView) {
         self.runs.raise(&net);
         for (k, v) in net {
-            // One search of the open window per key (it holds up to
-            // `FLUSH_KEYS`): the insert hands back what it replaced.
-            let key_len = k.len();
+            // One search of the open window per key (it holds up to `FLUSH_KEYS`).
             self.open_bytes += pair_size(&k, &v);
-            if let Some(old) = self.open.insert(k, v) {
-                self.open_bytes -= key_len + old.map_or(0, |v| v.len());
+            match self.open.entry(k) {
+                std::collections::btree_map::Entry::Occupied(mut e) => {
+                    self.open_bytes -= pair_size(e.key(), e.get());
+                    e.insert(v);
+                }
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(v);
+                }
             }
         }
         let mut gone = vanished.keys;
