@@ -119,6 +119,7 @@ fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
         actor: "",
         ended: Vec::new(),
         create_request: None,
+        absent_job: None,
         format: std::cell::Cell::new(None),
     };
     tx.now = tx.advance_time(command_time(cmd));
@@ -230,6 +231,9 @@ struct Tx<'a, V: StateView + ?Sized> {
     /// The request id of the create being applied, kept in the job it
     /// makes (log format 4; see `dedup`).
     create_request: Option<&'a str>,
+    /// A job `dedup` looked up and found absent, so that its create does
+    /// not look it up again (nothing is written between the two).
+    absent_job: Option<&'a str>,
     /// The active log format, read once per command (a finish of 1,024
     /// runs asks for it per run); only `ActivateLogFormat` changes it.
     format: std::cell::Cell<Option<u32>>,
@@ -472,10 +476,12 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             return Ok(first);
         }
         if let Some(job_id) = created_job(plain).filter(|_| self.log_format() >= 4) {
-            if let Ok(job) = self.job(job_id) {
-                if self.recent_create_request(&job) == Some(id) {
+            match self.job(job_id) {
+                Ok(job) if self.recent_create_request(&job) == Some(id) => {
                     return Ok(Response::Job(job));
                 }
+                Ok(_) => {}
+                Err(_) => self.absent_job = Some(job_id),
             }
             self.create_request = Some(id);
             return self.run(cmd);
@@ -733,7 +739,8 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn create_job(&mut self, spec: &JobSpec) -> Result<Job, CommandError> {
         validate::job_spec(spec, self.now)?;
         validate::bounds_ahead(&spec.bounds, self.now)?;
-        if self.o.get(&keys::job(&spec.id)).is_some() {
+        let known_absent = self.absent_job == Some(spec.id.as_str());
+        if !known_absent && self.o.get(&keys::job(&spec.id)).is_some() {
             return Err(CommandError::AlreadyExists(spec.id.clone()));
         }
         // Runs are keyed by job id: a new job must not inherit the old one's.

@@ -236,6 +236,11 @@ pub fn wheel(k: &WheelKey) -> Vec<u8> {
     v
 }
 
+/// Whether `key` is in the wheel index's space.
+pub fn is_wheel(key: &[u8]) -> bool {
+    key.first() == Some(&WHEEL)
+}
+
 pub fn wheel_from(key: &[u8]) -> Option<WheelKey> {
     let rest = key.strip_prefix(&[WHEEL])?;
     let fire_at_ms = time_from(rest)?;

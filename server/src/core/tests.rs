@@ -2046,6 +2046,42 @@ fn from_log_format_5_a_new_one_shot_does_not_look_up_its_run() {
     assert!(!reads_a_run(5));
 }
 
+/// A create with a request id looks its job up once: the lookup that
+/// answers a repeat also tells the create the id is free. An id taken by
+/// another request is still refused.
+#[test]
+fn a_create_with_a_request_id_looks_its_job_up_once() {
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 5 });
+    let create = |id: &str, request: &str| Command::Dedup {
+        request_id: request.into(),
+        command: Box::new(Command::create_job(every(id, 60_000), T0)),
+    };
+    let log = ReadLog {
+        view: &sim.view,
+        keys: Default::default(),
+    };
+    let a = apply(&log, &create("a", "r1"));
+    assert!(matches!(a.response, Response::Job(_)), "{:?}", a.response);
+    let job_reads = |keys: Vec<Vec<u8>>| keys.iter().filter(|k| **k == keys::job("a")).count();
+    assert_eq!(job_reads(log.keys.into_inner()), 1);
+
+    sim.exec(create("a", "r1"));
+    let again = apply(&sim.view, &create("a", "r1"));
+    assert!(
+        matches!(again.response, Response::Job(_)),
+        "a repeat: {:?}",
+        again.response
+    );
+    let taken = apply(&sim.view, &create("a", "r2"));
+    assert!(
+        matches!(taken.response, Response::Error(CommandError::AlreadyExists(ref id)) if id == "a"),
+        "{:?}",
+        taken.response
+    );
+    assert!(taken.writes.is_empty());
+}
+
 #[test]
 fn an_implied_create_counts_in_the_history_bound_and_sorts_after_older_generations() {
     let mut sim = Sim::default();

@@ -444,7 +444,11 @@ struct Inner {
     writes_total: AtomicU64,
     metrics: Arc<crate::metrics::Metrics>,
     /// Entries in the durable wheel index: counted once at open and after
-    /// a snapshot install, then kept in step by each applied batch.
+    /// a snapshot install, then kept in step by each window written to
+    /// sled ([`Self::write_oldest`]), which learns from sled whether a key
+    /// was there at no extra read while the window goes through its redo
+    /// record. So it lags the applied state by at most the flush window,
+    /// and apply spends no read on it.
     pending_timers: AtomicU64,
     /// Watch events of the entries applied since open (not replicated).
     watch: Arc<Hub>,
@@ -1067,7 +1071,6 @@ impl StateMachine {
             overlay.put(keys::META_LAST_APPLIED.to_vec(), encode(&last));
         }
         let net = overlay.into_pending();
-        self.count_timers(&net, &state);
         let sealed = dirty.sealed_layers();
         let below = Stack::new(&sealed, &tree);
         let vanished = Vanished {
@@ -1088,7 +1091,11 @@ impl StateMachine {
     /// crash in between leaves the record, and open writes the pairs again
     /// ([`finish_redo`]): they are the window's net writes, so writing them
     /// over any part of themselves gives the state at its `last_applied`.
-    fn write_through_redo(&self, pairs: &core::Pending) -> Result<(), sled::Error> {
+    fn write_through_redo(
+        &self,
+        pairs: &core::Pending,
+        timers: &mut TimerDelta,
+    ) -> Result<(), sled::Error> {
         let (db, tree, redo) = (&self.inner.db, &self.inner.tree, &self.inner.redo);
         let applied: LogId = pairs
             .get(keys::META_LAST_APPLIED)
@@ -1126,10 +1133,11 @@ impl StateMachine {
             if i == self.inner.redo_stop.load(Ordering::Relaxed) {
                 return Ok(()); // a crash here, as the tests see it
             }
-            match v {
+            let was = match v {
                 Some(v) => tree.insert(k.as_slice(), v.as_slice())?,
                 None => tree.remove(k.as_slice())?,
             };
+            timers.count(k, v.is_some(), was.is_some());
         }
         db.flush()?;
         clear_redo(redo, chunks)
@@ -1169,9 +1177,16 @@ impl StateMachine {
             return Ok(false);
         };
         let start = std::time::Instant::now();
+        let mut timers = TimerDelta::default();
         if window.len() <= BATCH_KEYS {
             let mut batch = sled::Batch::default();
             for (k, v) in window.iter() {
+                if keys::is_wheel(k) {
+                    // A batch tells nothing of what it replaced; only
+                    // the wheel keys of a small window are looked up.
+                    let was = self.inner.tree.contains_key(k)?;
+                    timers.count(k, v.is_some(), was);
+                }
                 match v {
                     Some(v) => batch.insert(k.as_slice(), v.as_slice()),
                     None => batch.remove(k.as_slice()),
@@ -1179,8 +1194,9 @@ impl StateMachine {
             }
             self.inner.tree.apply_batch(batch)?;
         } else {
-            self.write_through_redo(&window)?;
+            self.write_through_redo(&window, &mut timers)?;
         }
+        timers.apply_to(&self.inner.pending_timers);
         self.inner.metrics.state_flushed(start.elapsed());
         // Reads of its keys go to sled from here on.
         self.inner.dirty.write().written();
@@ -1195,28 +1211,6 @@ impl StateMachine {
             tracing::error!("writing applied state to sled: {e}; apply stops");
             *self.inner.write_failed.lock() = Some(format!("writing applied state to sled: {e}"));
         }
-    }
-
-    /// Keeps the wheel count in step with a batch's net writes `net` to
-    /// `state` (before them): a put of a wheel key not there adds one, a
-    /// delete of one there removes one.
-    fn count_timers(&self, net: &Pending, state: &impl StateView) {
-        let (mut added, mut removed) = (0u64, 0u64);
-        let wheel = [keys::WHEEL];
-        let end = [keys::WHEEL + 1];
-        for (k, v) in net.range::<[u8], _>((
-            std::ops::Bound::Included(&wheel[..]),
-            std::ops::Bound::Excluded(&end[..]),
-        )) {
-            let there = state.get(k).is_some();
-            match v {
-                Some(_) => added += u64::from(!there),
-                None => removed += u64::from(there),
-            }
-        }
-        let n = &self.inner.pending_timers;
-        n.fetch_add(added, Ordering::Relaxed);
-        n.fetch_sub(removed.min(n.load(Ordering::Relaxed)), Ordering::Relaxed);
     }
 
     /// Applied keys held in memory, not yet written to sled.
@@ -1533,6 +1527,34 @@ fn record_tzdata(local: &sled::Tree) -> Result<Option<String>, StoreError> {
 }
 
 /// Keys in the durable wheel index (one pass, at open and after an install).
+/// Wheel entries a window added to and removed from sled, as sled
+/// answered each write (it was there or not).
+#[derive(Default)]
+struct TimerDelta {
+    added: u64,
+    removed: u64,
+}
+
+impl TimerDelta {
+    /// Counts the write of `key` (a put when `put`) to a tree that held
+    /// it when `was`; keys outside the wheel do not count.
+    fn count(&mut self, key: &[u8], put: bool, was: bool) {
+        if keys::is_wheel(key) {
+            match (put, was) {
+                (true, false) => self.added += 1,
+                (false, true) => self.removed += 1,
+                _ => {}
+            }
+        }
+    }
+
+    fn apply_to(&self, n: &AtomicU64) {
+        n.fetch_add(self.added, Ordering::Relaxed);
+        let removed = self.removed.min(n.load(Ordering::Relaxed));
+        n.fetch_sub(removed, Ordering::Relaxed);
+    }
+}
+
 fn count_wheel(tree: &sled::Tree) -> u64 {
     tree.scan_prefix([keys::WHEEL]).keys().count() as u64
 }
@@ -2016,6 +2038,35 @@ mod tests {
             reference.apply([e]).await.unwrap();
         }
         assert_eq!(sm.digest().await, reference.digest().await);
+    }
+
+    /// The timer gauge counts the wheel entries sled holds: it moves as a
+    /// window is written (a small one in one batch, a large one through
+    /// its redo record), and an entry put and deleted within one window
+    /// never counts.
+    #[tokio::test]
+    async fn the_timer_count_follows_the_wheel_entries_written_to_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open_windowed(dir.path());
+        let counts = |sm: &StateMachine| (sm.pending_timers(), count_wheel(&sm.inner.tree));
+        sm.apply((1..=3).map(create)).await.unwrap();
+        assert_eq!(counts(&sm), (0, 0), "applied, held in memory");
+        sm.flush().await.unwrap();
+        assert_eq!(counts(&sm), (3, 3));
+        // job-1's entry leaves sled; job-5's comes and goes in the window.
+        sm.apply([delete(4, 1), create(5), delete(6, 5)])
+            .await
+            .unwrap();
+        sm.flush().await.unwrap();
+        assert_eq!(counts(&sm), (2, 2));
+        let n = CREATES_PAST_A_WINDOW;
+        sm.apply((7..7 + n).map(create)).await.unwrap();
+        sm.flush().await.unwrap();
+        assert!(!has_redo(&sm));
+        assert_eq!(counts(&sm), (2 + n, 2 + n), "windows past one batch");
+        drop(sm);
+        let reopened = open_windowed(dir.path());
+        assert_eq!(reopened.pending_timers(), 2 + n, "counted again at open");
     }
 
     /// A window sealed between a chunk's apply (which found a deleted key
