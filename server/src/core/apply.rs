@@ -95,7 +95,7 @@ pub struct Applied {
 pub fn apply<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
     match cmd {
         Command::Batch { commands } => apply_batch(view, commands),
-        _ => apply_one(view, cmd),
+        _ => apply_one(view, cmd, None).0,
     }
 }
 
@@ -110,7 +110,14 @@ fn created_job(cmd: &Command) -> Option<&str> {
     }
 }
 
-fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
+/// Applies one plain command; `format` is the active log format when the
+/// caller knows it (a batch's earlier command read it, and only
+/// `ActivateLogFormat` changes it). Returns the format known after it.
+fn apply_one<V: StateView + ?Sized>(
+    view: &V,
+    cmd: &Command,
+    format: Option<u32>,
+) -> (Applied, Option<u32>) {
     let mut tx = Tx {
         o: Overlay::new(view),
         effects: Vec::new(),
@@ -120,23 +127,28 @@ fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
         ended: Vec::new(),
         create_request: None,
         absent_job: None,
-        format: std::cell::Cell::new(None),
+        format: std::cell::Cell::new(format),
     };
     tx.now = tx.advance_time(command_time(cmd));
     match tx.run(cmd) {
         Ok(response) => {
             tx.follow_upstreams();
-            Applied {
+            let applied = Applied {
                 response,
                 writes: tx.o.into_writes(),
                 effects: tx.effects,
-            }
+            };
+            (applied, tx.format.get())
         }
-        Err(e) => Applied {
-            response: Response::Error(e),
-            writes: Vec::new(),
-            effects: Vec::new(),
-        },
+        // Its writes are dropped: what was known before it still holds.
+        Err(e) => {
+            let applied = Applied {
+                response: Response::Error(e),
+                writes: Vec::new(),
+                effects: Vec::new(),
+            };
+            (applied, format)
+        }
     }
 }
 
@@ -192,8 +204,12 @@ fn apply_batch<V: StateView + ?Sized>(view: &V, commands: &[Command]) -> Applied
     }
     let mut o = Overlay::new(view);
     let (mut effects, mut responses) = (Vec::new(), Vec::with_capacity(commands.len()));
+    // Read from the state by the first command that asks, not by each
+    // (for a batch of creates, a read of sled per create).
+    let mut format = None;
     for c in commands {
-        let a = apply_one(&o, c);
+        let (a, known) = apply_one(&o, c, format);
+        format = known;
         for w in a.writes {
             match w {
                 Write::Put(k, v) => o.put(k, v),
@@ -343,7 +359,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 
     /// The cluster's active log format (`query::log_format`), read from the
-    /// state once per command.
+    /// state once per command, or once per batch (`apply_batch`).
     fn log_format(&self) -> u32 {
         match self.format.get() {
             Some(f) => f,

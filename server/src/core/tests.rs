@@ -2082,6 +2082,47 @@ fn a_create_with_a_request_id_looks_its_job_up_once() {
     assert!(taken.writes.is_empty());
 }
 
+/// A batch reads the active log format once, not per command, and a
+/// format activated inside it holds for the commands after it.
+#[test]
+fn a_batch_reads_the_log_format_once_and_sees_one_activated_inside_it() {
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 4 });
+    let create = |id: &str| Command::create_job(every(id, 60_000), T0);
+    let log = ReadLog {
+        view: &sim.view,
+        keys: Default::default(),
+    };
+    let batch = Command::Batch {
+        commands: vec![
+            create("a"),
+            create("b"),
+            Command::ActivateLogFormat { format: 5 },
+            create("c"),
+            create("d"),
+        ],
+    };
+    let a = apply(&log, &batch);
+    let Response::Many(answers) = &a.response else {
+        panic!("{:?}", a.response);
+    };
+    assert!(
+        answers.iter().all(|r| !matches!(r, Response::Error(_))),
+        "{answers:?}"
+    );
+    let format_reads = log
+        .keys
+        .borrow()
+        .iter()
+        .filter(|k| *k == keys::META_LOG_FORMAT)
+        .count();
+    assert_eq!(format_reads, 1);
+    sim.view.write(&a.writes);
+    // Format 4 writes each create's revision record; format 5 implies it.
+    let lean = |id: &str| sim.job(id).created_by.is_some();
+    assert_eq!(["a", "b", "c", "d"].map(lean), [false, false, true, true]);
+}
+
 #[test]
 fn an_implied_create_counts_in_the_history_bound_and_sorts_after_older_generations() {
     let mut sim = Sim::default();
