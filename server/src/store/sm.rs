@@ -1526,7 +1526,6 @@ fn record_tzdata(local: &sled::Tree) -> Result<Option<String>, StoreError> {
     Ok(before.filter(|b| b != now))
 }
 
-/// Keys in the durable wheel index (one pass, at open and after an install).
 /// Wheel entries a window added to and removed from sled, as sled
 /// answered each write (it was there or not).
 #[derive(Default)]
@@ -1555,6 +1554,7 @@ impl TimerDelta {
     }
 }
 
+/// Keys in the durable wheel index (one pass, at open and after an install).
 fn count_wheel(tree: &sled::Tree) -> u64 {
     tree.scan_prefix([keys::WHEEL]).keys().count() as u64
 }
