@@ -2123,6 +2123,98 @@ fn a_batch_reads_the_log_format_once_and_sees_one_activated_inside_it() {
     assert_eq!(["a", "b", "c", "d"].map(lean), [false, false, true, true]);
 }
 
+/// A batch of creates with request ids looks once whether the request-id
+/// table and the deleted-job marks are empty, instead of reading its key
+/// in each for every create.
+#[test]
+fn a_batch_of_creates_looks_once_at_the_request_ids_and_the_deleted_jobs() {
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 5 });
+    let log = ReadLog {
+        view: &sim.view,
+        keys: Default::default(),
+    };
+    let commands = (0..4)
+        .map(|i| Command::Dedup {
+            request_id: format!("r{i}"),
+            command: Box::new(Command::create_job(every(&format!("j{i}"), 60_000), T0)),
+        })
+        .collect();
+    let a = apply(&log, &Command::Batch { commands });
+    let Response::Many(answers) = &a.response else {
+        panic!("{:?}", a.response);
+    };
+    assert!(answers.iter().all(|r| matches!(r, Response::Job(_))), "{answers:?}");
+    let reads = log.keys.into_inner();
+    let in_space = |space: u8| reads.iter().filter(|k| k.first() == Some(&space)).count();
+    assert_eq!(in_space(keys::DEDUP), 1, "{reads:?}");
+    assert_eq!(in_space(keys::DELETED_JOB), 1, "{reads:?}");
+    assert!(reads.iter().any(|k| *k == [keys::DEDUP]), "a look at the whole table");
+
+    // A lone create reads its own keys, not the key spaces.
+    let log = ReadLog {
+        view: &sim.view,
+        keys: Default::default(),
+    };
+    let lone = Command::Dedup {
+        request_id: "r9".into(),
+        command: Box::new(Command::create_job(every("j9", 60_000), T0)),
+    };
+    assert!(matches!(apply(&log, &lone).response, Response::Job(_)));
+    let reads = log.keys.into_inner();
+    assert!(reads.contains(&keys::dedup("r9")), "{reads:?}");
+    assert!(reads.contains(&keys::deleted_job("j9")), "{reads:?}");
+}
+
+/// What a batch knew of an empty key space no longer holds once one of
+/// its commands writes into it: a job deleted with runs left cannot be
+/// created again, and a request id taken earlier in the batch answers
+/// with its first response, in the same batch as in separate entries.
+#[test]
+fn a_batch_sees_the_request_ids_and_deleted_jobs_its_own_commands_write() {
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 5 });
+    sim.exec(Command::create_job(every("a", 60_000), T0));
+    sim.exec(trigger("a", T0 + 1));
+    assert!(sim.job("a").history_len > 0, "the delete must leave a mark");
+    let with_id = |request: &str, command: Command| Command::Dedup {
+        request_id: request.into(),
+        command: Box::new(command),
+    };
+    let commands = vec![
+        with_id("r0", Command::create_job(every("x", 60_000), T0 + 2)),
+        Command::DeleteJob {
+            id: "a".into(),
+            now_ms: T0 + 2,
+        },
+        Command::create_job(every("a", 60_000), T0 + 2),
+        with_id(
+            "r1",
+            Command::PauseJob {
+                id: "x".into(),
+                now_ms: T0 + 2,
+            },
+        ),
+        with_id("r1", Command::create_job(every("y", 60_000), T0 + 2)),
+    ];
+    let a = sim.exec(Command::Batch { commands });
+    let Response::Many(answers) = &a.response else {
+        panic!("{:?}", a.response);
+    };
+    assert!(matches!(answers[0], Response::Job(_)), "{:?}", answers[0]);
+    assert!(
+        matches!(&answers[2], Response::Error(CommandError::FailedPrecondition(m)) if m.contains("was deleted")),
+        "{:?}",
+        answers[2]
+    );
+    assert!(
+        matches!(&answers[4], Response::Job(j) if j.id == "x" && j.paused && j.revision == 2),
+        "the first answer to r1: {:?}",
+        answers[4]
+    );
+    assert!(sim.view.get(&keys::job("y")).is_none(), "r1 made no job");
+}
+
 #[test]
 fn an_implied_create_counts_in_the_history_bound_and_sorts_after_older_generations() {
     let mut sim = Sim::default();
