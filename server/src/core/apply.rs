@@ -567,7 +567,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
             .then(|| get::<Response, _>(&self.o, &keys::dedup(id)))
             .flatten()
         {
-            return Ok(first);
+            return Ok(self.completed(first));
         }
         if let Some(job_id) = created_job(plain).filter(|_| self.log_format() >= 4) {
             match self.job(job_id) {
@@ -583,6 +583,25 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         let response = self.run(cmd)?;
         self.remember(id, &response);
         Ok(response)
+    }
+
+    /// A job answer as the request-id table gives it back, completed. The
+    /// table keeps a job without its payload, and its encoding has none of
+    /// the fields a job record keeps in its tails (labels, bounds, pause
+    /// note, workflow, jitter, a union's later schedules...). While the job
+    /// is still the generation and revision the answer was, the answer is
+    /// the job as it is now, as a retried create's is; once it changed or
+    /// went, the kept answer is all there is.
+    fn completed(&self, first: Response) -> Response {
+        let Response::Job(kept) = first else {
+            return first;
+        };
+        match self.job(&kept.id) {
+            Ok(now) if now.revision == kept.revision && now.created_at_ms == kept.created_at_ms => {
+                Response::Job(now)
+            }
+            _ => Response::Job(kept),
+        }
     }
 
     /// The request id `job` was created by, while a repeat of that create

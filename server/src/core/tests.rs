@@ -2082,6 +2082,57 @@ fn a_create_with_a_request_id_looks_its_job_up_once() {
     assert!(taken.writes.is_empty());
 }
 
+/// A retried write answered from the request-id table gets the job as it
+/// is, with its labels, bounds and pause note, while the job is still at
+/// the revision the first answer was; after a later change, the kept
+/// answer (without payload and those fields).
+#[test]
+fn a_retried_write_gets_the_whole_job_while_it_is_unchanged() {
+    let mut sim = Sim::default();
+    sim.exec(Command::ActivateLogFormat { format: 5 });
+    let mut s = every("a", 60_000);
+    s.labels = [("team".to_string(), "ops".to_string())].into();
+    s.bounds.max_runs = Some(7);
+    let created = sim.exec(Command::create_job(s, T0));
+    assert!(
+        matches!(created.response, Response::Job(_)),
+        "{:?}",
+        created.response
+    );
+    let pause = |now_ms| Command::Dedup {
+        request_id: "r1".into(),
+        command: Box::new(Command::PauseJobNoted {
+            id: "a".into(),
+            note: "disk full".into(),
+            now_ms,
+        }),
+    };
+    let Response::Job(first) = sim.exec(pause(T0 + 1)).response else {
+        panic!("the pause answers with the job");
+    };
+    assert_eq!(first.labels.get("team").map(String::as_str), Some("ops"));
+    let Response::Job(again) = sim.exec(pause(T0 + 2)).response else {
+        panic!("the retry answers with the job");
+    };
+    assert_eq!(again, first, "the retry's answer is the first one");
+    assert_eq!(again.bounds.max_runs, Some(7));
+    assert_eq!(
+        again.pause.as_ref().map(|p| p.note.as_str()),
+        Some("disk full")
+    );
+
+    sim.exec(Command::ResumeJob {
+        id: "a".into(),
+        now_ms: T0 + 3,
+    });
+    let Response::Job(late) = sim.exec(pause(T0 + 4)).response else {
+        panic!("the retry answers with the job");
+    };
+    assert_eq!(late.revision, first.revision, "not paused again");
+    assert!(late.paused && late.labels.is_empty() && late.payload.is_empty());
+    assert!(!sim.job("a").paused, "the retry changed nothing");
+}
+
 /// A batch reads the active log format once, not per command, and a
 /// format activated inside it holds for the commands after it.
 #[test]
@@ -2144,12 +2195,18 @@ fn a_batch_of_creates_looks_once_at_the_request_ids_and_the_deleted_jobs() {
     let Response::Many(answers) = &a.response else {
         panic!("{:?}", a.response);
     };
-    assert!(answers.iter().all(|r| matches!(r, Response::Job(_))), "{answers:?}");
+    assert!(
+        answers.iter().all(|r| matches!(r, Response::Job(_))),
+        "{answers:?}"
+    );
     let reads = log.keys.into_inner();
     let in_space = |space: u8| reads.iter().filter(|k| k.first() == Some(&space)).count();
     assert_eq!(in_space(keys::DEDUP), 1, "{reads:?}");
     assert_eq!(in_space(keys::DELETED_JOB), 1, "{reads:?}");
-    assert!(reads.iter().any(|k| *k == [keys::DEDUP]), "a look at the whole table");
+    assert!(
+        reads.iter().any(|k| *k == [keys::DEDUP]),
+        "a look at the whole table"
+    );
 
     // A lone create reads its own keys, not the key spaces.
     let log = ReadLog {
