@@ -943,3 +943,75 @@ fn run_histories() {
         "the generated histories stayed shallow: {r:?}"
     );
 }
+
+/// A single command, sometimes under one of two request ids, so that
+/// repeats, ids reused by another command and a batch's own ids occur.
+fn maybe_with_request_id() -> impl Strategy<Value = Command> {
+    prop_oneof![
+        3 => raw_command(),
+        2 => (prop::sample::select(vec!["r1", "r2"]), raw_command()).prop_map(|(id, cmd)| {
+            Command::Dedup {
+                request_id: id.to_string(),
+                command: Box::new(cmd),
+            }
+        }),
+    ]
+}
+
+/// Histories of batches whose commands carry request ids, over states
+/// where those ids and deleted jobs exist: every batch answers and writes
+/// what its commands do one by one (`step`), whatever a batch knows of the
+/// request-id table and the deleted-job marks (`apply::Known`).
+#[test]
+fn batches_with_request_ids_equal_their_commands_one_by_one() {
+    on_big_stack(|| {
+        let mut runner = proptest::test_runner::TestRunner::new(fixed_seed(256));
+        let one = || {
+            prop_oneof![
+                2 => maybe_with_request_id(),
+                1 => Just(trigger_a()),
+            ]
+        };
+        let history = prop::collection::vec(
+            prop_oneof![
+                1 => one(),
+                2 => prop::collection::vec(one(), 1..8)
+                    .prop_map(|commands| Command::Batch { commands }),
+            ],
+            1..40,
+        );
+        let deleted_refusals = std::cell::Cell::new(0u32);
+        let result = runner.run(&history, |cmds| {
+            let mut view = MemView::default();
+            for format in [3, 5] {
+                step(&mut view, &Command::ActivateLogFormat { format })?;
+            }
+            for cmd in &cmds {
+                let a = step(&mut view, cmd)?;
+                if let Response::Many(answers) = &a.response {
+                    let refused = answers.iter().filter(|r| {
+                        matches!(r, Response::Error(CommandError::FailedPrecondition(m)) if m.contains("was deleted"))
+                    });
+                    deleted_refusals.set(deleted_refusals.get() + refused.count() as u32);
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+        assert!(
+            deleted_refusals.get() > 0,
+            "no batch met a job deleted with runs left"
+        );
+    });
+}
+
+/// A trigger of job "a": gives it runs, so its delete leaves a mark.
+fn trigger_a() -> Command {
+    Command::TriggerJob {
+        id: "a".into(),
+        now_ms: 1_700_000_000_000,
+        widths: Vec::new(),
+    }
+}
