@@ -106,7 +106,7 @@ impl Config {
             self.cache_bytes >> 20
         );
         anyhow::ensure!(
-            self.peers.get(&self.id).is_some(),
+            self.peers.contains_key(&self.id),
             "peers: must include this node's own id {} (e.g. --peers {}={})",
             self.id,
             self.id,
@@ -986,7 +986,7 @@ const API_ADDR_REFRESH_TICKS: u32 = 30;
 async fn learn_api_addrs(node: Arc<Node>) {
     let mut tick = 0u32;
     loop {
-        let refresh = tick % API_ADDR_REFRESH_TICKS == 0;
+        let refresh = tick.is_multiple_of(API_ADDR_REFRESH_TICKS);
         tick = tick.wrapping_add(1);
         let wanted: Vec<(NodeId, String)> = node
             .members()
