@@ -95,7 +95,7 @@ pub struct Applied {
 pub fn apply<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
     match cmd {
         Command::Batch { commands } => apply_batch(view, commands),
-        _ => apply_one(view, cmd, Known::lone()).0,
+        _ => apply_one(view, cmd, Known::default()).0,
     }
 }
 
@@ -128,10 +128,6 @@ struct Known {
 }
 
 impl Known {
-    fn lone() -> Known {
-        Known::default()
-    }
-
     fn batch() -> Known {
         Known {
             batch: true,
@@ -426,14 +422,14 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     /// empty, and skip their reads while it stays so.
     fn space_may_hold(&self, space: u8) -> bool {
         let mut known = self.known.get();
+        if !known.batch {
+            return true;
+        }
         let slot = match space {
             keys::DEDUP => &mut known.dedup_entries,
             keys::DELETED_JOB => &mut known.deleted_jobs,
             _ => return true,
         };
-        if !known.batch {
-            return true;
-        }
         match *slot {
             Some(filled) => filled,
             None => {

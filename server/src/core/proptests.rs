@@ -1011,7 +1011,7 @@ fn batches_with_request_ids_equal_their_commands_one_by_one() {
 fn trigger_a() -> Command {
     Command::TriggerJob {
         id: "a".into(),
-        now_ms: 1_700_000_000_000,
+        now_ms: T0,
         widths: Vec::new(),
     }
 }
