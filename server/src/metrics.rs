@@ -78,6 +78,9 @@ pub struct Metrics {
     apply: Histogram,
     log_append: Histogram,
     state_flush: Histogram,
+    /// CPU seconds of the threads that applied entries and wrote windows.
+    apply_cpu: Counter<f64, AtomicU64>,
+    flush_cpu: Counter<f64, AtomicU64>,
     runtime_lag: Histogram,
     leader_changes: Counter,
     wheel_entries: Gauge,
@@ -135,6 +138,8 @@ impl Metrics {
             apply: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             log_append: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             state_flush: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            apply_cpu: Counter::default(),
+            flush_cpu: Counter::default(),
             runtime_lag: seconds(),
             leader_changes: Counter::default(),
             wheel_entries: Gauge::default(),
@@ -227,6 +232,19 @@ impl Metrics {
              (one batch, or through its redo record past 4,096 keys)",
             Unit::Seconds,
             self.state_flush.clone(),
+        );
+        r.register_with_unit(
+            "kairos_apply_cpu",
+            "CPU time the threads applying committed entries spent on it \
+             (a window apply writes itself, past its memory bounds, included)",
+            Unit::Seconds,
+            self.apply_cpu.clone(),
+        );
+        r.register_with_unit(
+            "kairos_state_flush_cpu",
+            "CPU time spent writing flush windows of applied state to the store",
+            Unit::Seconds,
+            self.flush_cpu.clone(),
         );
         r.register(
             "kairos_raft_leader_changes",
@@ -423,8 +441,9 @@ impl Metrics {
         self.runtime_lag.observe(late.as_secs_f64());
     }
 
-    pub fn state_flushed(&self, took: Duration) {
+    pub fn state_flushed(&self, took: Duration, cpu: Duration) {
         self.state_flush.observe(took.as_secs_f64());
+        self.flush_cpu.inc_by(cpu.as_secs_f64());
     }
 
     pub fn set_commit_index(&self, index: u64) {
@@ -442,8 +461,9 @@ impl Metrics {
         self.dispatch_latency.observe(waited.as_secs_f64());
     }
 
-    pub fn applied(&self, took: Duration) {
+    pub fn applied(&self, took: Duration, cpu: Duration) {
         self.apply.observe(took.as_secs_f64());
+        self.apply_cpu.inc_by(cpu.as_secs_f64());
     }
 
     pub fn leader_changed(&self) {

@@ -97,6 +97,9 @@ async fn retries_until_success_and_fails_after_max_attempts() {
     };
     assert_eq!((finished("succeeded"), finished("failed")), (1.0, 1.0));
     assert!(m("kairos_apply_seconds_count") >= 1.0);
+    // Applying six attempts' fires and finishes took some CPU (-1: absent).
+    assert!(m("kairos_apply_cpu_seconds_total") > 0.0);
+    assert!(m("kairos_state_flush_cpu_seconds_total") >= 0.0);
     assert_eq!(m("kairos_raft_is_leader"), 1.0);
     assert!(m("kairos_raft_applied_index") >= 1.0);
 }

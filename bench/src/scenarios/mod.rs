@@ -77,9 +77,14 @@ impl Target {
         out
     }
 
-    /// State keys written by apply so far, per local node.
-    pub async fn state_writes(&self) -> Vec<(u64, f64)> {
-        self.metric("kairos_state_writes_total").await
+    /// Each local node's cost counters so far ([`COSTS`]), for
+    /// [`report_costs`].
+    pub async fn costs(&self) -> Costs {
+        let mut out = Vec::new();
+        for (metric, _, _) in COSTS {
+            out.push(self.metric(metric).await);
+        }
+        out
     }
 
     /// On-disk bytes of each local node's data directory.
@@ -126,17 +131,44 @@ pub fn report_nodes(r: &mut Report, before: &[(u64, ProcSample)], after: &[(u64,
     }
 }
 
-/// `nodeN_writes_per_fire`: state keys each node wrote between two
-/// readings of [`Target::state_writes`], per fire delivered meanwhile.
-pub fn report_writes(r: &mut Report, before: &[(u64, f64)], after: &[(u64, f64)], fires: usize) {
-    for (id, b) in after {
-        if let Some((_, a)) = before.iter().find(|(i, _)| i == id) {
-            let per_fire = (b - a) / fires.max(1) as f64;
-            r.set(&format!("node{id}_writes_per_fire"), per_fire);
+/// What a node's work costs, per fire delivered: the counter read from its
+/// /metrics, the report key's suffix, and the factor to the reported unit.
+pub const COSTS: [(&str, &str, f64); 3] = [
+    // State keys apply wrote to sled.
+    ("kairos_state_writes_total", "writes_per_fire", 1.0),
+    // CPU of the threads applying committed entries.
+    (
+        "kairos_apply_cpu_seconds_total",
+        "apply_cpu_us_per_fire",
+        1e6,
+    ),
+    // CPU of writing the applied state's windows to sled.
+    (
+        "kairos_state_flush_cpu_seconds_total",
+        "flush_cpu_us_per_fire",
+        1e6,
+    ),
+];
+
+/// Per [`COSTS`] counter, each local node's reading.
+pub type Costs = Vec<Vec<(u64, f64)>>;
+
+/// `nodeN_writes_per_fire`, `nodeN_apply_cpu_us_per_fire` and
+/// `nodeN_flush_cpu_us_per_fire`: what each node's counters grew by
+/// between two readings of [`Target::costs`], per fire delivered meanwhile.
+pub fn report_costs(r: &mut Report, before: &Costs, after: &Costs, fires: usize) {
+    let mut any = false;
+    for ((_, suffix, unit), (before, after)) in COSTS.iter().zip(before.iter().zip(after)) {
+        for (id, b) in after {
+            if let Some((_, a)) = before.iter().find(|(i, _)| i == id) {
+                let per_fire = (b - a) * unit / fires.max(1) as f64;
+                r.set(&format!("node{id}_{suffix}"), per_fire);
+                any = true;
+            }
         }
     }
-    if after.is_empty() {
-        r.note("no writes per fire: not a local cluster, or a server without kairos_state_writes_total");
+    if !any {
+        r.note("no costs per fire: not a local cluster, or a server without the cost counters");
     }
 }
 

@@ -22,7 +22,7 @@ use kairos_client::pb::schedule::Kind;
 use kairos_client::Client;
 use tonic::Code;
 
-use super::{elections, max_term, report_lateness, report_nodes, report_writes, Target};
+use super::{elections, max_term, report_costs, report_lateness, report_nodes, Target};
 use crate::load::{self, create_jobs, spec, wall_ms, Attempts, CreateStats, Workers};
 use crate::stats::{summarize, Report};
 use crate::Opts;
@@ -95,10 +95,10 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let offered = rate * OVERLOAD_FACTOR;
     eprintln!("overload: {offered} fires/s offered for {dur:?}");
     let (before, w0) = (t.samples(), wall_ms());
-    let writes0 = t.state_writes().await;
+    let costs0 = t.costs().await;
     let over = phase(o, &t, &workers, n_peak..n_over, oneshots(offered), dur).await?;
     let (after, w1) = (t.samples(), wall_ms());
-    let writes1 = t.state_writes().await;
+    let costs1 = t.costs().await;
     let recs = workers.rec.snapshot();
     let win: Vec<_> = (recs.iter())
         .filter(|x| x.received_at_ms >= w0 && x.received_at_ms < w1)
@@ -130,7 +130,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     );
     report_lateness(&mut r, &win);
     report_nodes(&mut r, &before, &after);
-    report_writes(&mut r, &writes0, &writes1, win.len());
+    report_costs(&mut r, &costs0, &costs1, win.len());
     if let Some(n) = setup_note {
         r.note(n);
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kairos_client::pb::{schedule::Kind, Cron};
 use serde_json::json;
 
-use super::{report_lateness, report_nodes, report_writes, Target};
+use super::{report_costs, report_lateness, report_nodes, Target};
 use crate::load::{self, create_jobs, spec, wall_ms, Workers};
 use crate::stats::{summarize, Report};
 use crate::Opts;
@@ -78,11 +78,11 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
         "seed-10k: {} created in {:?}; measuring for {dur:?}",
         cs.ok, cs.elapsed
     );
-    let writes0 = t.state_writes().await;
+    let costs0 = t.costs().await;
     let (before, w0) = (t.samples(), wall_ms());
     tokio::time::sleep(dur).await;
     let (after, w1) = (t.samples(), wall_ms());
-    let writes1 = t.state_writes().await;
+    let costs1 = t.costs().await;
     tokio::time::sleep(DRAIN).await;
     let recs = workers.rec.snapshot();
     let win: Vec<_> = (recs.iter())
@@ -99,7 +99,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     report_lateness(&mut r, &win);
     report_bursts(&mut r, &win, n_b, period, (w0, w1));
     report_nodes(&mut r, &before, &after);
-    report_writes(&mut r, &writes0, &writes1, win.len());
+    report_costs(&mut r, &costs0, &costs1, win.len());
     if period != 60 {
         r.note(format!(
             "boundary period shortened to {period} s (not a minute)"

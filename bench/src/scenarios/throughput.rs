@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kairos_client::pb::{self, schedule::Kind};
 use kairos_client::Client;
 
-use super::{report_lateness, report_nodes, report_writes, Target};
+use super::{report_costs, report_lateness, report_nodes, Target};
 use crate::load::{self, create_jobs, spec, wall_ms, Workers};
 use crate::stats::{summarize, Report};
 use crate::Opts;
@@ -49,12 +49,12 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let warm = (dur / 5).clamp(Duration::from_secs(1), Duration::from_secs(5));
     tokio::time::sleep(warm).await;
     eprintln!("throughput: measuring for {dur:?}");
-    let writes0 = t.state_writes().await;
+    let costs0 = t.costs().await;
     let (before, w0) = (t.samples(), wall_ms());
     let feeder = tokio::spawn(feed_oneshots(clients.clone(), oneshot_rate, dur, o.clients));
     tokio::time::sleep(dur).await;
     let (after, w1) = (t.samples(), wall_ms());
-    let writes1 = t.state_writes().await;
+    let costs1 = t.costs().await;
     let fed = feeder.await.unwrap_or_default();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let recs = workers.rec.snapshot();
@@ -79,7 +79,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     report_lateness(&mut r, &win);
     committed_sample(&mut r, &clients[0], n_jobs, every, (w0, w1)).await;
     report_nodes(&mut r, &before, &after);
-    report_writes(&mut r, &writes0, &writes1, win.len());
+    report_costs(&mut r, &costs0, &costs1, win.len());
     if let Some(e) = cs.first_error {
         r.note(format!("job create error: {e}"));
     }

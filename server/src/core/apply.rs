@@ -93,9 +93,29 @@ pub struct Applied {
 
 /// Applies one command. Pure: the result depends only on `view` and `cmd`.
 pub fn apply<V: StateView + ?Sized>(view: &V, cmd: &Command) -> Applied {
+    let mut o = Overlay::new(view);
+    let (response, effects) = apply_into(&mut o, cmd);
+    Applied {
+        response,
+        writes: o.into_writes(),
+        effects,
+    }
+}
+
+/// [`apply`] into an overlay that may already hold writes (of the log
+/// entries before it): the command reads them and leaves its own there,
+/// or, when it fails, leaves none. The same result as [`apply`] over the
+/// overlay as a view, without gathering the writes a second time.
+pub fn apply_into<V: StateView + ?Sized>(
+    o: &mut Overlay<'_, V>,
+    cmd: &Command,
+) -> (Response, Vec<Effect>) {
     match cmd {
-        Command::Batch { commands } => apply_batch(view, commands),
-        _ => apply_one(view, cmd, Known::default()).0,
+        Command::Batch { commands } => apply_batch(o, commands),
+        _ => {
+            let (response, effects, _) = apply_one(o, cmd, Known::default());
+            (response, effects)
+        }
     }
 }
 
@@ -135,28 +155,33 @@ impl Known {
         }
     }
 
-    /// What still holds after a command that wrote `writes`: a key put
-    /// into a space may fill it; a deletion cannot fill one.
-    fn after(mut self, writes: &[Write]) -> Known {
-        for w in writes {
-            if let Write::Put(k, _) = w {
-                match k.first() {
-                    Some(&keys::DEDUP) => self.dedup_entries = None,
-                    Some(&keys::DELETED_JOB) => self.deleted_jobs = None,
-                    _ => {}
-                }
+    /// What still holds after a command whose writes since `o`'s
+    /// savepoint are there: a key put into a space may fill it; a
+    /// deletion cannot fill one.
+    fn after<V: StateView + ?Sized>(mut self, o: &Overlay<'_, V>) -> Known {
+        let spaces = |k: &[u8]| matches!(k.first(), Some(&keys::DEDUP | &keys::DELETED_JOB));
+        for k in o.put_since_begin(spaces) {
+            match k.first() {
+                Some(&keys::DEDUP) => self.dedup_entries = None,
+                _ => self.deleted_jobs = None,
             }
         }
         self
     }
 }
 
-/// Applies one plain command with what the batch before it knew (the
-/// format is known when a batch's earlier command read it). Returns what
-/// is known after it.
-fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command, known: Known) -> (Applied, Known) {
+/// Applies one plain command into `o` with what the batch before it knew
+/// (the format is known when a batch's earlier command read it): its
+/// writes stay in `o` when it succeeds and are undone when it fails.
+/// Returns what is known after it.
+fn apply_one<V: StateView + ?Sized>(
+    o: &mut Overlay<'_, V>,
+    cmd: &Command,
+    known: Known,
+) -> (Response, Vec<Effect>, Known) {
+    o.begin();
     let mut tx = Tx {
-        o: Overlay::new(view),
+        o,
         effects: Vec::new(),
         now: 0,
         widths: &[],
@@ -170,22 +195,14 @@ fn apply_one<V: StateView + ?Sized>(view: &V, cmd: &Command, known: Known) -> (A
     match tx.run(cmd) {
         Ok(response) => {
             tx.follow_upstreams();
-            let applied = Applied {
-                response,
-                writes: tx.o.into_writes(),
-                effects: tx.effects,
-            };
-            let known = tx.known.get().after(&applied.writes);
-            (applied, known)
+            let known = tx.known.get().after(tx.o);
+            tx.o.commit();
+            (response, tx.effects, known)
         }
-        // Its writes are dropped: what was known before it still holds.
+        // Its writes are undone: what was known before it still holds.
         Err(e) => {
-            let applied = Applied {
-                response: Response::Error(e),
-                writes: Vec::new(),
-                effects: Vec::new(),
-            };
-            (applied, known)
+            tx.o.roll_back();
+            (Response::Error(e), Vec::new(), known)
         }
     }
 }
@@ -224,12 +241,11 @@ fn command_time(cmd: &Command) -> i64 {
 }
 
 /// Applies each command of a batch over the writes of the ones before it.
-fn apply_batch<V: StateView + ?Sized>(view: &V, commands: &[Command]) -> Applied {
-    let refuse = |msg: String| Applied {
-        response: Response::Error(CommandError::Invalid(msg)),
-        writes: Vec::new(),
-        effects: Vec::new(),
-    };
+fn apply_batch<V: StateView + ?Sized>(
+    o: &mut Overlay<'_, V>,
+    commands: &[Command],
+) -> (Response, Vec<Effect>) {
+    let refuse = |msg: String| (Response::Error(CommandError::Invalid(msg)), Vec::new());
     if commands.len() > limits::PROPOSAL_BATCH_MAX {
         let max = limits::PROPOSAL_BATCH_MAX;
         return refuse(format!(
@@ -240,28 +256,17 @@ fn apply_batch<V: StateView + ?Sized>(view: &V, commands: &[Command]) -> Applied
     if commands.iter().any(|c| matches!(c, Command::Batch { .. })) {
         return refuse("commands: a batch cannot contain a batch".into());
     }
-    let mut o = Overlay::new(view);
     let (mut effects, mut responses) = (Vec::new(), Vec::with_capacity(commands.len()));
     // Read from the state by the first command that asks, not by each
     // (for a batch of creates, a read of sled per create).
     let mut known = Known::batch();
     for c in commands {
-        let (a, after) = apply_one(&o, c, known);
+        let (response, e, after) = apply_one(o, c, known);
         known = after;
-        for w in a.writes {
-            match w {
-                Write::Put(k, v) => o.put(k, v),
-                Write::Delete(k) => o.delete(k),
-            }
-        }
-        effects.extend(a.effects);
-        responses.push(a.response);
+        effects.extend(e);
+        responses.push(response);
     }
-    Applied {
-        response: Response::Many(responses),
-        writes: o.into_writes(),
-        effects,
-    }
+    (Response::Many(responses), effects)
 }
 
 /// Reads the state-machine time from a view (0 before the first command).
@@ -271,8 +276,9 @@ pub fn state_time<V: StateView + ?Sized>(view: &V) -> i64 {
         .unwrap_or(0)
 }
 
-struct Tx<'a, V: StateView + ?Sized> {
-    o: Overlay<'a, V>,
+struct Tx<'a, 'v, V: StateView + ?Sized> {
+    /// Where the command reads and writes, inside a savepoint.
+    o: &'a mut Overlay<'v, V>,
     effects: Vec<Effect>,
     now: i64,
     /// Connected workers per group, from the Fire or Trigger command (for broadcast).
@@ -301,9 +307,9 @@ fn get<T: DeserializeOwned, V: StateView + ?Sized>(v: &V, key: &[u8]) -> Option<
         .map(|b| decode(&b).expect("corrupt replicated state value"))
 }
 
-impl<'a, V: StateView + ?Sized> Tx<'a, V> {
+impl<'a, V: StateView + ?Sized> Tx<'a, '_, V> {
     fn advance_time(&mut self, cmd_now: i64) -> i64 {
-        let prev = state_time(&self.o);
+        let prev = state_time(&*self.o);
         let now = prev.max(cmd_now);
         if now != prev {
             self.o.put(keys::META_TIME.to_vec(), encode(&now));
@@ -408,7 +414,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         match known.format {
             Some(f) => f,
             None => {
-                let f = query::log_format(&self.o);
+                let f = query::log_format(&*self.o);
                 known.format = Some(f);
                 self.known.set(known);
                 f
@@ -560,7 +566,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
         }
         if let Some(first) = self
             .space_may_hold(keys::DEDUP)
-            .then(|| get::<Response, _>(&self.o, &keys::dedup(id)))
+            .then(|| get::<Response, _>(&*self.o, &keys::dedup(id)))
             .flatten()
         {
             return Ok(self.completed(first));
@@ -611,7 +617,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     fn remember(&mut self, id: &str, response: &Response) {
         self.put(keys::dedup(id), &response.kept());
         self.o.put(keys::dedup_order(self.now, id), Vec::new());
-        let count: u64 = get(&self.o, keys::META_DEDUP_COUNT).unwrap_or(0);
+        let count: u64 = get(&*self.o, keys::META_DEDUP_COUNT).unwrap_or(0);
         let count = self.evict_dedup(count.saturating_add(1));
         self.put(keys::META_DEDUP_COUNT.to_vec(), &count);
     }
@@ -678,7 +684,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     }
 
     fn revoke_token(&mut self, name: &str) -> Result<bool, CommandError> {
-        let Some(t) = get::<Token, _>(&self.o, &keys::token(name)) else {
+        let Some(t) = get::<Token, _>(&*self.o, &keys::token(name)) else {
             return Ok(false);
         };
         self.o.delete(keys::token(name));
@@ -1133,7 +1139,7 @@ impl<'a, V: StateView + ?Sized> Tx<'a, V> {
     // ------------------------------------------------------------ cluster firing pause
 
     fn firing_paused(&self) -> Option<PauseNote> {
-        get(&self.o, keys::META_FIRING_PAUSED)
+        get(&*self.o, keys::META_FIRING_PAUSED)
     }
 
     /// Pausing while paused keeps the first pause's who and when.

@@ -22,7 +22,7 @@ pub mod validate;
 pub mod view;
 pub mod workflow;
 
-pub use apply::{apply, Applied, Effect, Finished, JobChange};
+pub use apply::{apply, apply_into, Applied, Effect, Finished, JobChange};
 pub use command::{Command, CommandError, FinishReport, Response, VersionedCommand};
 pub use types::*;
 pub use view::{Layered, MemView, Overlay, Pending, StateView, Write};

@@ -57,13 +57,25 @@ impl StateView for MemView {
 }
 
 /// Net writes by key: `Some(value)` put, `None` deleted.
-pub type Pending = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+pub type Pending = BTreeMap<Vec<u8>, PendingValue>;
+
+/// A key's net write in [`Pending`].
+pub type PendingValue = Option<Vec<u8>>;
 
 /// Pending writes layered over a base view. Later writes to a key replace
 /// earlier ones, so the result is the net change.
+///
+/// A savepoint ([`Overlay::begin`]) lets one command write straight into
+/// the overlay it is applied over (a batch's, a chunk of log entries')
+/// and still leave nothing behind when it fails ([`Overlay::roll_back`]):
+/// a journal keeps what each key held before the command's first write.
 pub struct Overlay<'a, V: StateView + ?Sized> {
     base: &'a V,
     pending: Pending,
+    /// Since the open savepoint, in order: each key written and what
+    /// `pending` held for it before (`None`: nothing).
+    journal: Vec<(Vec<u8>, Option<PendingValue>)>,
+    journaling: bool,
 }
 
 impl<'a, V: StateView + ?Sized> Overlay<'a, V> {
@@ -71,15 +83,62 @@ impl<'a, V: StateView + ?Sized> Overlay<'a, V> {
         Overlay {
             base,
             pending: BTreeMap::new(),
+            journal: Vec::new(),
+            journaling: false,
         }
     }
 
     pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.pending.insert(key, Some(value));
+        self.write(key, Some(value));
     }
 
     pub fn delete(&mut self, key: Vec<u8>) {
-        self.pending.insert(key, None);
+        self.write(key, None);
+    }
+
+    fn write(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        if self.journaling {
+            let before = self.pending.insert(key.clone(), value);
+            self.journal.push((key, before));
+        } else {
+            self.pending.insert(key, value);
+        }
+    }
+
+    /// Opens a savepoint: the writes from here on can be undone together.
+    /// Savepoints do not nest.
+    pub fn begin(&mut self) {
+        assert!(!self.journaling, "a savepoint is already open");
+        self.journaling = true;
+    }
+
+    /// Keys that `wanted` accepts, written since the savepoint and now
+    /// holding a value (a key put and then deleted again does not count),
+    /// in the order first written; a key may repeat.
+    pub fn put_since_begin<'s>(
+        &'s self,
+        wanted: impl Fn(&[u8]) -> bool + 's,
+    ) -> impl Iterator<Item = &'s [u8]> + 's {
+        (self.journal.iter())
+            .map(|(k, _)| k.as_slice())
+            .filter(move |k| wanted(k) && matches!(self.pending.get(*k), Some(Some(_))))
+    }
+
+    /// Closes the savepoint, keeping its writes.
+    pub fn commit(&mut self) {
+        self.journal.clear();
+        self.journaling = false;
+    }
+
+    /// Closes the savepoint, undoing every write since it.
+    pub fn roll_back(&mut self) {
+        for (key, before) in self.journal.drain(..).rev() {
+            match before {
+                Some(v) => self.pending.insert(key, v),
+                None => self.pending.remove(&key),
+            };
+        }
+        self.journaling = false;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -223,6 +282,45 @@ mod tests {
                 Write::Put(b"bb".to_vec(), b"x".to_vec())
             ]
         );
+    }
+
+    /// A savepoint undone leaves the overlay as it was before it: a key it
+    /// overwrote gets its earlier pending value back, a key it deleted its
+    /// earlier put, and keys it wrote first are gone again, however often
+    /// each was written inside it.
+    #[test]
+    fn a_rolled_back_savepoint_leaves_the_overlay_as_it_was() {
+        let mut base = MemView::default();
+        base.write(&[Write::Put(b"base".to_vec(), b"0".to_vec())]);
+        let mut o = Overlay::new(&base);
+        o.put(b"a".to_vec(), b"1".to_vec());
+        o.delete(b"gone".to_vec());
+        let before = o.pending.clone();
+        o.begin();
+        o.put(b"a".to_vec(), b"2".to_vec());
+        o.put(b"a".to_vec(), b"3".to_vec());
+        o.put(b"gone".to_vec(), b"back".to_vec());
+        o.delete(b"base".to_vec());
+        o.put(b"new".to_vec(), b"4".to_vec());
+        o.delete(b"new".to_vec());
+        o.put(b"dedup".to_vec(), b"5".to_vec());
+        let put: Vec<&[u8]> = o.put_since_begin(|k| k != b"a").collect();
+        assert_eq!(put, vec![b"gone".as_slice(), b"dedup".as_slice()]);
+        assert_eq!(o.get(b"base"), None);
+        o.roll_back();
+        assert_eq!(o.pending, before);
+        assert_eq!(o.get(b"base"), Some(b"0".to_vec()));
+        assert_eq!(o.put_since_begin(|_| true).count(), 0);
+
+        // Committed, the writes stay and the next savepoint starts empty.
+        o.begin();
+        o.put(b"a".to_vec(), b"6".to_vec());
+        o.commit();
+        o.begin();
+        o.put(b"b".to_vec(), b"7".to_vec());
+        o.roll_back();
+        assert_eq!(o.get(b"a"), Some(b"6".to_vec()));
+        assert_eq!(o.get(b"b"), None);
     }
 
     /// Counts the base rows a range read pulls.

@@ -52,6 +52,16 @@ struct Applied {
     watched: Vec<watch::Applied>,
 }
 
+/// CPU time the calling thread has used (for the apply and flush CPU
+/// metrics; a blocking thread runs one whole apply or window write).
+fn thread_cpu() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    std::time::Duration::new(
+        t.tv_sec.max(0) as u64,
+        t.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
 /// The entry after `applied` (0 before any).
 fn next_index(applied: Option<LogId>) -> u64 {
     applied.map_or(0, |l| l.index + 1)
@@ -1051,18 +1061,11 @@ impl StateMachine {
                         self.refuse(format!("refusing to apply: {e}"));
                         StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e))
                     })?;
-                    let applied = core::apply(&overlay, &cmd);
-                    for w in applied.writes {
-                        match w {
-                            core::Write::Put(k, v) => overlay.put(k, v),
-                            core::Write::Delete(k) => overlay.delete(k),
-                        }
-                    }
+                    let (response, effects) = core::apply_into(&mut overlay, &cmd);
                     let index = entry.log_id.index;
-                    out.watched
-                        .push(watch::Applied::new(index, &applied.effects));
-                    out.effects.extend(applied.effects);
-                    out.responses.push(applied.response);
+                    out.watched.push(watch::Applied::new(index, &effects));
+                    out.effects.extend(effects);
+                    out.responses.push(response);
                 }
             }
             last = Some(entry.log_id);
@@ -1176,7 +1179,7 @@ impl StateMachine {
         let Some(window) = front else {
             return Ok(false);
         };
-        let start = std::time::Instant::now();
+        let (start, cpu) = (std::time::Instant::now(), thread_cpu());
         let mut timers = TimerDelta::default();
         if window.len() <= BATCH_KEYS {
             let mut batch = sled::Batch::default();
@@ -1197,7 +1200,8 @@ impl StateMachine {
             self.write_through_redo(&window, &mut timers)?;
         }
         timers.apply_to(&self.inner.pending_timers);
-        self.inner.metrics.state_flushed(start.elapsed());
+        let cpu = thread_cpu().saturating_sub(cpu);
+        self.inner.metrics.state_flushed(start.elapsed(), cpu);
         // Reads of its keys go to sled from here on.
         self.inner.dirty.write().written();
         (self.inner.writes_total).fetch_add(window.len() as u64, Ordering::Relaxed);
@@ -1712,11 +1716,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // messages and heartbeats on this node are not held up behind it.
             let sm = self.clone();
             let start = std::time::Instant::now();
-            let applied = tokio::task::spawn_blocking(move || sm.apply_entries(entries))
-                .await
-                .map_err(sm_err)??;
-            self.inner.metrics.applied(start.elapsed());
-            applied
+            let (applied, cpu) = tokio::task::spawn_blocking(move || {
+                let cpu = thread_cpu();
+                (sm.apply_entries(entries), thread_cpu().saturating_sub(cpu))
+            })
+            .await
+            .map_err(sm_err)?;
+            self.inner.metrics.applied(start.elapsed(), cpu);
+            applied?
         };
         if !effects.is_empty() {
             // No receiver (not leader) is fine: followers have no leader work.
