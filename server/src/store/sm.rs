@@ -951,8 +951,9 @@ impl StateMachine {
                     dirty.seal();
                 }
             }
-            // Nothing freezes sled meanwhile: a freeze takes the apply lock,
-            // which the caller holds.
+            // A freeze may begin meanwhile (it does not take the apply
+            // lock): `write_oldest` then writes nothing and apply goes on
+            // past its limits for this chunk, to wait at the next one.
             return self.write_sealed().map_err(sm_err);
         }
     }
