@@ -13,6 +13,12 @@ pub trait KvTree: Send + Sync + 'static {
         end: &[u8],
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, sled::Error>;
+    /// Pairs with keys from `start` on, up to `limit`, in key order.
+    fn range_from(
+        &self,
+        start: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, sled::Error>;
     fn last(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, sled::Error>;
     /// The greatest key in `[start, end)`.
     fn last_key_in(&self, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>, sled::Error>;
@@ -39,6 +45,17 @@ impl KvTree for sled::Tree {
             return Ok(Vec::new());
         }
         sled::Tree::range(self, start..end)
+            .take(limit)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .collect()
+    }
+
+    fn range_from(
+        &self,
+        start: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, sled::Error> {
+        sled::Tree::range(self, start..)
             .take(limit)
             .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
             .collect()

@@ -5,6 +5,7 @@
 pub mod format;
 pub mod kv;
 pub mod log;
+pub mod pin;
 pub mod sm;
 pub mod snapfile;
 #[cfg(test)]

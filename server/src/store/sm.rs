@@ -13,9 +13,12 @@
 //! openraft applies the log again from the persisted `last_applied` (the
 //! log store keeps the committed index), and the log is only purged up to
 //! a snapshot, which is built from written state. Snapshots and digests
-//! write every window, then read sled held still ([`Frozen`]: no window
-//! written, apply going on into memory), so they are a point-in-time view
-//! at the persisted `last_applied` that does not stop apply; snapshot files
+//! write every window, then read sled pinned at the persisted
+//! `last_applied` ([`Pinned`], `pin`): windows go on being written under
+//! the read, each keeping first what sled held at the pin for the keys the
+//! read has not reached, up to [`PIN_BYTES`]; past that sled is held still
+//! and apply goes on into memory, up to [`HELD_KEYS`]/[`HELD_BYTES`]. So
+//! they are a point-in-time view that does not stop apply; snapshot files
 //! are streamed (`snapfile`), never held whole in memory.
 
 use std::path::{Path, PathBuf};
@@ -28,6 +31,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, Mutex};
 
 use super::kv::{KvTree, TreeView};
+use super::pin::Pin;
 use super::snapfile;
 use super::StoreError;
 use crate::core::codec::FormatError;
@@ -150,6 +154,9 @@ pub struct Options {
     /// sled, before it writes sealed windows itself or, while sled is held
     /// still, waits ([`HELD_KEYS`], [`HELD_BYTES`]; smaller only in tests).
     pub held_limits: (usize, usize),
+    /// Bytes a snapshot or digest's read keeps for the keys written under
+    /// it ([`PIN_BYTES`]; smaller only in tests).
+    pub pin_bytes: usize,
     /// Keys in the open window after which apply seals it at once
     /// ([`FLUSH_KEYS`]; smaller only in tests).
     pub flush_keys: usize,
@@ -163,6 +170,7 @@ impl Default for Options {
             flush_ms: FLUSH_MS_DEFAULT,
             watch_events: crate::watch::RING_EVENTS_DEFAULT,
             held_limits: (HELD_KEYS, HELD_BYTES),
+            pin_bytes: PIN_BYTES,
             flush_keys: FLUSH_KEYS,
         }
     }
@@ -187,12 +195,20 @@ pub const FLUSH_BYTES: usize = 32 << 20;
 /// Applied keys held in memory, not yet in sled (the open window and the
 /// sealed ones the flusher has not written), past which apply stops
 /// applying: it writes the sealed windows itself (so a slow disk slows
-/// apply instead of growing memory) or, while sled is held still for a
-/// snapshot or digest ([`Frozen`]), waits for it to be let go. Two full
-/// windows, so a saturated node applies on while the last one is written.
+/// apply instead of growing memory) or, while sled is held still under a
+/// snapshot or digest's read ([`PIN_BYTES`]), waits for it to be let go.
+/// Two full windows, so a saturated node applies on while the last one is
+/// written.
 pub const HELD_KEYS: usize = 2 * FLUSH_KEYS;
 /// Applied bytes held in memory past which apply stops as for [`HELD_KEYS`].
 pub const HELD_BYTES: usize = 128 << 20;
+/// Bytes of values a snapshot or digest's read keeps for the keys written
+/// under it ([`pin::Pin`]), past which sled is held still until the read
+/// ends. A 10M-timer snapshot reads for tens of seconds; a create keeps
+/// about 170 bytes (two keys, absent before), so this lasts a saturated
+/// node well past a whole read (and a kept value goes when the read passes
+/// its key).
+pub const PIN_BYTES: usize = 256 << 20;
 
 /// Applied state not yet in sled: the net writes of the entries applied
 /// since the last written window, in windows, each ending with its
@@ -415,36 +431,43 @@ struct Inner {
     redo: sled::Tree,
     snapshot_path: PathBuf,
     apply_lock: Mutex<()>,
-    /// Held by whoever reads sled held still ([`Frozen`]: snapshot builds,
+    /// Held by whoever reads sled pinned ([`Pinned`]: snapshot builds,
     /// digests) or replaces it (install, the final flush); taken before
     /// `apply_lock`, never after it.
-    freeze_lock: Arc<Mutex<()>>,
+    pin_lock: Arc<Mutex<()>>,
     /// Held by whoever writes sealed windows to sled (the flusher, apply
-    /// past `held_limits`, a freeze, the final flush) or replaces sled
-    /// (install); taken last, after `freeze_lock` and `apply_lock`. Only
+    /// past `held_limits`, a pin, the final flush) or replaces sled
+    /// (install); taken last, after `pin_lock` and `apply_lock`. Only
     /// on blocking threads.
     write_lock: parking_lot::Mutex<()>,
-    /// Set while sled is held still: windows are not written and apply
-    /// goes on into memory, up to `held_limits`.
-    frozen: std::sync::atomic::AtomicBool,
-    /// Set while a freeze is on its way to `frozen`: the flusher starts no
-    /// round of writes meanwhile, so the freeze writes up to its own seal
-    /// and no further (a round under way, or apply past `held_limits`, may
-    /// still write later windows first: sled then freezes at a later index).
-    freeze_pending: std::sync::atomic::AtomicBool,
+    /// The read pinned under `pin_lock`, if any: every window written
+    /// meanwhile keeps in it what sled held at the pin, before it is
+    /// written, holding this lock while it writes.
+    pin: parking_lot::Mutex<Option<Pin>>,
+    /// Bytes a pin may keep ([`PIN_BYTES`]; smaller only in tests).
+    pin_bytes: usize,
+    /// Set while sled is held still (a pin's kept values reached
+    /// `pin_bytes`): windows are not written and apply goes on into
+    /// memory, up to `held_limits`.
+    held: std::sync::atomic::AtomicBool,
+    /// Set while a pin is on its way: the flusher starts no round of
+    /// writes meanwhile, so the pin writes up to its own seal and no
+    /// further (a round under way, or apply past `held_limits`, may still
+    /// write later windows first: sled is then pinned at a later index).
+    pin_pending: std::sync::atomic::AtomicBool,
     /// Keys and bytes held in memory past which apply writes the sealed
-    /// windows itself, or while frozen waits.
+    /// windows itself, or while sled is held still waits.
     held_limits: (usize, usize),
     /// Keys in the open window after which apply seals it.
     flush_keys: usize,
-    /// Where apply waits for the freeze to end, past `held_limits`.
+    /// Where apply waits for sled to be let go, past `held_limits`.
     thaw: (parking_lot::Mutex<()>, parking_lot::Condvar),
     /// Wakes the flusher thread: set when a window was sealed full, sled
     /// was let go, or the flusher is to stop.
     wake: (parking_lot::Mutex<bool>, parking_lot::Condvar),
     /// Why writing a window to sled failed: apply stops with it.
     write_failed: parking_lot::Mutex<Option<String>>,
-    /// Times apply waited for a freeze to end (for tests and the log).
+    /// Times apply waited for sled to be let go (for tests and metrics).
     frozen_waits: AtomicU64,
     effects: broadcast::Sender<EffectBatch>,
     /// Applied and not yet flushed; written only under the apply lock.
@@ -535,10 +558,12 @@ impl StateMachine {
             redo,
             snapshot_path,
             apply_lock: Mutex::new(()),
-            freeze_lock: Arc::new(Mutex::new(())),
+            pin_lock: Arc::new(Mutex::new(())),
             write_lock: Default::default(),
-            frozen: Default::default(),
-            freeze_pending: Default::default(),
+            pin: Default::default(),
+            pin_bytes: opts.pin_bytes,
+            held: Default::default(),
+            pin_pending: Default::default(),
             held_limits: opts.held_limits,
             flush_keys: opts.flush_keys,
             thaw: Default::default(),
@@ -829,13 +854,13 @@ impl StateMachine {
     }
 
     /// SHA-256 over the whole replicated state and the index it reflects,
-    /// hashed on a blocking thread from sled held still ([`Frozen`]), so
+    /// hashed on a blocking thread from sled pinned ([`Pinned`]), so
     /// apply goes on meanwhile. The last one is returned again while nothing
     /// was applied since, or, for one that took [`DIGEST_CHEAP`] or more to
     /// hash, while it is younger than `DIGEST_SPACING` times that.
     pub async fn digest(&self) -> (u64, String) {
-        let frozen = {
-            let serial = self.inner.freeze_lock.clone().lock_owned().await;
+        let pinned = {
+            let serial = self.inner.pin_lock.clone().lock_owned().await;
             let index = self.last_applied().map_or(0, |l| l.index);
             if let Some(d) = self.inner.last_digest.lock().clone() {
                 let spaced = d.took >= DIGEST_CHEAP && d.at.elapsed() < d.took * DIGEST_SPACING;
@@ -844,19 +869,19 @@ impl StateMachine {
                     return (d.index, d.hex);
                 }
             }
-            match self.freeze(serial).await {
+            match self.pin(serial).await {
                 Ok(f) => f,
                 Err(e) => return (0, format!("error: {e}")),
             }
         };
-        let index = frozen.applied.map_or(0, |l| l.index);
+        let index = pinned.applied.map_or(0, |l| l.index);
         // Hashing a large state takes seconds: off the async workers, or
         // this node stops answering heartbeats and votes meanwhile.
         // Timed on the thread that hashes: a wait for a blocking thread on a
         // loaded box is not the hash's cost.
         let hashed = tokio::task::spawn_blocking(move || {
             let start = std::time::Instant::now();
-            frozen.hash().map(|hex| (hex, start.elapsed()))
+            pinned.hash().map(|hex| (hex, start.elapsed()))
         });
         let (hex, took) = match hashed.await {
             Ok(Ok(done)) => done,
@@ -873,29 +898,30 @@ impl StateMachine {
         (index, hex)
     }
 
-    /// Holds sled still for a point-in-time read: the open window is
-    /// sealed (at an entry boundary, as the flusher seals it), the windows
-    /// up to it are written, and no window is written after them until the
-    /// returned guard is dropped. The apply lock is never taken: apply goes
-    /// on into memory all the while (up to `held_limits`), so a snapshot or
-    /// digest does not stall it, and sled holds the state at the index
-    /// applied when the freeze began (or a later one, see
-    /// `freeze_pending`).
-    /// `serial` is the held `freeze_lock`.
+    /// Pins sled for a point-in-time read: the open window is sealed (at
+    /// an entry boundary, as the flusher seals it), the windows up to it
+    /// are written, and every window written after them, until the
+    /// returned guard is dropped, first keeps in the pin what sled held
+    /// for the keys the read has yet to reach ([`Pin`]). So sled reads as
+    /// the state at the index applied when the pin began (or a later one,
+    /// see `pin_pending`), while windows go on being written under it. The
+    /// apply lock is never taken: apply goes on into memory all the while,
+    /// so a snapshot or digest does not stall it. `serial` is the held
+    /// `pin_lock`.
     ///
     /// It used to take the apply lock and write under it: first the whole
     /// open window (0.4-0.8 s of held apply per snapshot under overload,
     /// BENCHMARKS fourteenth pass), then, with rounds of writing before the
     /// lock, still what apply added during the last round (up to 0.4 s,
-    /// fifteenth pass).
-    async fn freeze(
-        &self,
-        serial: tokio::sync::OwnedMutexGuard<()>,
-    ) -> Result<Frozen, StorageError> {
-        let _pending = FreezePending::set(self);
+    /// fifteenth pass). Then it held sled still for the whole read: apply
+    /// filled `held_limits` in 3 s and waited out the rest of a 26 s read at
+    /// ten million timers, and writes already in the log timed out
+    /// (twenty-fourth pass).
+    async fn pin(&self, serial: tokio::sync::OwnedMutexGuard<()>) -> Result<Pinned, StorageError> {
+        let _pending = PinPending::set(self);
         let start = std::time::Instant::now();
         let sm = self.clone();
-        let held_keys = blocking(move || {
+        let (held_keys, applied, membership) = blocking(move || {
             let (target, held_keys) = {
                 let mut dirty = sm.inner.dirty.write();
                 dirty.seal();
@@ -911,18 +937,22 @@ impl StateMachine {
                     break;
                 }
             }
-            sm.inner.frozen.store(true, Ordering::Release);
-            Ok(held_keys)
-        })
-        .await?;
-        Ok(Frozen {
-            sm: self.clone(),
-            _serial: serial,
-            applied: self.persisted_applied(),
-            membership: TreeView(&self.inner.tree)
+            // Under the write lock: no window is written between reading
+            // the pinned point and pinning it.
+            let applied = sm.persisted_applied();
+            let membership: StoredMembership = TreeView(&sm.inner.tree)
                 .get(keys::META_MEMBERSHIP)
                 .and_then(|b| decode(&b).ok())
-                .unwrap_or_default(),
+                .unwrap_or_default();
+            *sm.inner.pin.lock() = Some(Pin::default());
+            Ok((held_keys, applied, membership))
+        })
+        .await?;
+        Ok(Pinned {
+            sm: self.clone(),
+            _serial: serial,
+            applied,
+            membership,
             took: start.elapsed(),
             held_keys,
         })
@@ -941,7 +971,7 @@ impl StateMachine {
             if !self.inner.dirty.read_recursive().over(limits) {
                 return Ok(());
             }
-            if self.inner.frozen.load(Ordering::Acquire) {
+            if self.inner.held.load(Ordering::Acquire) {
                 self.wait_for_thaw(limits);
                 continue;
             }
@@ -951,9 +981,10 @@ impl StateMachine {
                     dirty.seal();
                 }
             }
-            // A freeze may begin meanwhile (it does not take the apply
-            // lock): `write_oldest` then writes nothing and apply goes on
-            // past its limits for this chunk, to wait at the next one.
+            // Sled may be held still meanwhile (a pin began and filled up;
+            // it does not take the apply lock): `write_oldest` then writes
+            // nothing and apply goes on past its limits for this chunk, to
+            // wait at the next one.
             return self.write_sealed().map_err(sm_err);
         }
     }
@@ -963,7 +994,7 @@ impl StateMachine {
         let (lock, thawed) = &self.inner.thaw;
         let mut g = lock.lock();
         let mut waited = false;
-        while self.inner.frozen.load(Ordering::Acquire)
+        while self.inner.held.load(Ordering::Acquire)
             && self.inner.dirty.read_recursive().over(limits)
         {
             if !waited {
@@ -1149,7 +1180,7 @@ impl StateMachine {
 
     /// Writes every sealed window to sled, oldest first, each with the
     /// `last_applied` it ends with; nothing while sled is held still
-    /// ([`Frozen`]). Readers and apply go on meanwhile: every key of a
+    /// (`held`). Readers and apply go on meanwhile: every key of a
     /// window is read from memory until it is written.
     fn write_sealed(&self) -> Result<(), sled::Error> {
         let _w = self.inner.write_lock.lock();
@@ -1167,7 +1198,7 @@ impl StateMachine {
     /// from memory; returns whether one was written. Callers hold the
     /// write lock.
     fn write_oldest(&self) -> Result<bool, sled::Error> {
-        if self.inner.frozen.load(Ordering::Acquire) {
+        if self.inner.held.load(Ordering::Acquire) {
             return Ok(false);
         }
         let front = self
@@ -1181,6 +1212,20 @@ impl StateMachine {
             return Ok(false);
         };
         let (start, cpu) = (std::time::Instant::now(), thread_cpu());
+        // Held until the window is written: a pinned read never sees a key
+        // of it written but not kept.
+        let mut pin = self.inner.pin.lock();
+        if let Some(pin) = pin.as_mut() {
+            let keys = window.keys().map(Vec::as_slice);
+            if pin
+                .keep_before(&self.inner.tree, keys, self.inner.pin_bytes)?
+                .is_err()
+            {
+                // Held still from here until the read ends.
+                self.inner.held.store(true, Ordering::Release);
+                return Ok(false);
+            }
+        }
         let mut timers = TimerDelta::default();
         if window.len() <= BATCH_KEYS {
             let mut batch = sled::Batch::default();
@@ -1200,6 +1245,7 @@ impl StateMachine {
         } else {
             self.write_through_redo(&window, &mut timers)?;
         }
+        drop(pin);
         timers.apply_to(&self.inner.pending_timers);
         let cpu = thread_cpu().saturating_sub(cpu);
         self.inner.metrics.state_flushed(start.elapsed(), cpu);
@@ -1226,7 +1272,7 @@ impl StateMachine {
     /// Writes the applied state held in memory to sled now (graceful
     /// shutdown, tests), after any snapshot or digest holding sled still.
     pub async fn flush(&self) -> Result<(), StorageError> {
-        let _serial = self.inner.freeze_lock.lock().await;
+        let _serial = self.inner.pin_lock.lock().await;
         let _g = self.inner.apply_lock.lock().await;
         let sm = self.clone();
         tokio::task::spawn_blocking(move || {
@@ -1296,7 +1342,7 @@ impl StateMachine {
                 }
             };
             // A freeze on its way writes what is held itself (`freeze`).
-            if self.inner.freeze_pending.load(Ordering::Acquire) {
+            if self.inner.pin_pending.load(Ordering::Acquire) {
                 tick = std::time::Instant::now() + every;
                 continue;
             }
@@ -1334,48 +1380,47 @@ fn crash_now(why: &str) {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
-    /// Streams the state to `snapshot.tmp` from sled held still at the
-    /// applied index (a point-in-time view; apply goes on into memory
+    /// Streams the state to `snapshot.tmp` from sled pinned at the applied
+    /// index (a point-in-time view; apply and the flusher go on
     /// meanwhile), then syncs it and renames it over `snapshot.bin`.
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let start = std::time::Instant::now();
-        let serial = self.inner.freeze_lock.clone().lock_owned().await;
-        let frozen = self.freeze(serial).await?;
+        let serial = self.inner.pin_lock.clone().lock_owned().await;
+        let pinned = self.pin(serial).await?;
         // State must be in sled, and durable, before the log behind it
         // may be purged: the snapshot's index is then the persisted one.
         self.inner.db.flush_async().await.map_err(snap_err)?;
         let meta = SnapshotMeta {
-            snapshot_id: match &frozen.applied {
+            snapshot_id: match &pinned.applied {
                 Some(l) => format!("{}-{}", l.leader_id.term, l.index),
                 None => "0-0".into(),
             },
-            last_log_id: frozen.applied,
-            last_membership: frozen.membership.clone(),
+            last_log_id: pinned.applied,
+            last_membership: pinned.membership.clone(),
         };
-        let (freeze_ms, held_keys) = (frozen.took.as_millis() as u64, frozen.held_keys);
+        let (pin_ms, held_keys) = (pinned.took.as_millis() as u64, pinned.held_keys);
         let tmp = self.inner.snapshot_path.with_extension("tmp");
         let path = self.inner.snapshot_path.clone();
         let m = meta.clone();
-        let pairs = blocking(move || {
+        let (pairs, kept_bytes) = blocking(move || {
             let mut w = snapfile::Writer::create(&tmp, keys::STATE_VERSION, &m)?;
-            for pair in frozen.sm.inner.tree.iter() {
-                let (k, v) = pair.map_err(std::io::Error::other)?;
-                w.pair(&k, &v)?;
-            }
-            // Every pair is in the file: sled may move again.
-            drop(frozen);
+            pinned.for_each(&mut |k, v| w.pair(k, v))?;
+            // Every pair is in the file: the pin may go.
+            let kept_bytes = pinned.kept_peak();
+            drop(pinned);
             let pairs = w.finish()?;
             std::fs::rename(&tmp, &path)?;
             sync_dir(&path)?;
-            Ok(pairs)
+            Ok((pairs, kept_bytes))
         })
         .await?;
         tracing::info!(
             index = meta.last_log_id.map_or(0, |l| l.index),
             pairs,
             took_ms = start.elapsed().as_millis() as u64,
-            freeze_ms,
+            pin_ms,
             held_keys,
+            kept_bytes,
             "snapshot built"
         );
         Ok(Snapshot {
@@ -1385,63 +1430,98 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     }
 }
 
-/// `freeze_pending` while a freeze is on its way; cleared on every way
-/// out of it, an error's included (by then `frozen` holds the flusher, or
-/// nothing should).
-struct FreezePending(StateMachine);
+/// `pin_pending` while a pin is on its way; cleared on every way out of
+/// it, an error's included.
+struct PinPending(StateMachine);
 
-impl FreezePending {
+impl PinPending {
     fn set(sm: &StateMachine) -> Self {
-        sm.inner.freeze_pending.store(true, Ordering::Release);
-        FreezePending(sm.clone())
+        sm.inner.pin_pending.store(true, Ordering::Release);
+        PinPending(sm.clone())
     }
 }
 
-impl Drop for FreezePending {
+impl Drop for PinPending {
     fn drop(&mut self) {
-        self.0.inner.freeze_pending.store(false, Ordering::Release);
+        self.0.inner.pin_pending.store(false, Ordering::Release);
     }
 }
 
-/// Sled's state tree held still for a point-in-time read
-/// ([`StateMachine::freeze`]): flushes are put off until this is dropped,
-/// so the tree holds exactly the state at `applied`.
-struct Frozen {
+/// Sled's state tree pinned for a point-in-time read
+/// ([`StateMachine::pin`]): until this is dropped, windows written keep
+/// what sled held at `applied` for the keys the read has yet to reach, so
+/// [`Pinned::for_each`] reads exactly the state at `applied`.
+struct Pinned {
     sm: StateMachine,
     _serial: tokio::sync::OwnedMutexGuard<()>,
-    /// The index the tree reflects.
+    /// The index the read reflects.
     applied: Option<LogId>,
     membership: StoredMembership,
-    /// How long taking it took (waiting for a write under way, then
+    /// How long pinning took (waiting for a write under way, then
     /// writing what was held), and the keys held when it began.
     took: std::time::Duration,
     held_keys: usize,
 }
 
-impl Frozen {
+/// Pairs read from sled per turn of a pinned read; a window's write waits
+/// for at most one turn.
+const PIN_READ_CHUNK: usize = 1024;
+
+impl Pinned {
+    /// Visits every pair of the state at `applied`, in key order, a chunk
+    /// at a time; windows are written between chunks.
+    fn for_each(
+        &self,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let inner = &self.sm.inner;
+        loop {
+            let chunk = {
+                let mut pin = inner.pin.lock();
+                let pin = pin.as_mut().expect("pinned until dropped");
+                pin.next_chunk(&inner.tree, PIN_READ_CHUNK)
+                    .map_err(std::io::Error::other)?
+            };
+            let Some(pairs) = chunk else {
+                return Ok(());
+            };
+            for (k, v) in &pairs {
+                f(k, v)?;
+            }
+        }
+    }
+
+    /// The most bytes the pin kept at once, so far.
+    fn kept_peak(&self) -> usize {
+        let pin = self.sm.inner.pin.lock();
+        pin.as_ref().map_or(0, Pin::peak_bytes)
+    }
+
     /// SHA-256 over every state pair in key order.
-    fn hash(&self) -> Result<String, sled::Error> {
+    fn hash(&self) -> std::io::Result<String> {
         let mut h = Sha256::new();
-        self.sm.inner.tree.for_each(&mut |k, v| {
+        self.for_each(&mut |k, v| {
             h.update((k.len() as u64).to_be_bytes());
             h.update(k);
             h.update((v.len() as u64).to_be_bytes());
             h.update(v);
+            Ok(())
         })?;
         Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
     }
 }
 
-impl Drop for Frozen {
+impl Drop for Pinned {
     fn drop(&mut self) {
         let inner = &self.sm.inner;
+        *inner.pin.lock() = None;
         let (lock, thawed) = &inner.thaw;
         {
             let _g = lock.lock();
-            inner.frozen.store(false, Ordering::Release);
+            inner.held.store(false, Ordering::Release);
         }
         thawed.notify_all();
-        // What was sealed meanwhile is written now.
+        // What was sealed while sled was held still is written now.
         self.sm.wake_flusher();
     }
 }
@@ -1784,7 +1864,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             ));
             return Err(snap_err(e));
         }
-        let _serial = self.inner.freeze_lock.lock().await;
+        let _serial = self.inner.pin_lock.lock().await;
         let _g = self.inner.apply_lock.lock().await;
         let (sm, path) = (self.clone(), self.inner.snapshot_path.clone());
         let count = blocking(move || {
@@ -2492,20 +2572,20 @@ mod tests {
         builder.build_snapshot().await.unwrap()
     }
 
-    /// Holds `sm`'s sled still, as a snapshot build or a digest does.
-    async fn freeze(sm: &StateMachine) -> Frozen {
-        let serial = sm.inner.freeze_lock.clone().lock_owned().await;
-        sm.freeze(serial).await.unwrap()
+    /// Pins `sm`'s sled, as a snapshot build or a digest does.
+    async fn pin(sm: &StateMachine) -> Pinned {
+        let serial = sm.inner.pin_lock.clone().lock_owned().await;
+        sm.pin(serial).await.unwrap()
     }
 
-    /// A freeze never takes the apply lock: while it waits for a write
+    /// A pin never takes the apply lock: while it waits for a write
     /// under way (here the write lock held, as by the flusher) and then
-    /// writes a full window, apply goes on into memory, and sled is frozen
-    /// at the index applied when the freeze began. It used to write under
+    /// writes a full window, apply goes on into memory, and sled is pinned
+    /// at the index applied when the pin began. It used to write under
     /// the apply lock: the whole window, later what apply added during its
     /// last round of writing before the lock.
     #[tokio::test]
-    async fn a_freeze_never_holds_apply_and_freezes_the_index_it_began_at() {
+    async fn a_pin_never_holds_apply_and_pins_the_index_it_began_at() {
         let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut sm = open_windowed(dir.path());
         let n = CREATES_PAST_A_WINDOW;
@@ -2514,18 +2594,15 @@ mod tests {
         let writing = handle.inner.write_lock.lock(); // as the flusher holds it while it writes
         let freezing = {
             let sm = sm.clone();
-            tokio::spawn(async move { freeze(&sm).await.applied.map(|l| l.index) })
+            tokio::spawn(async move { pin(&sm).await.applied.map(|l| l.index) })
         };
         // The freeze sealed the open window and waits for the write lock.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while !sm.inner.dirty.read().open.is_empty() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the freeze never sealed"
-            );
+            assert!(std::time::Instant::now() < deadline, "the pin never sealed");
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        assert!(sm.inner.freeze_pending.load(Ordering::Acquire));
+        assert!(sm.inner.pin_pending.load(Ordering::Acquire));
         let applied = tokio::time::timeout(
             std::time::Duration::from_secs(30),
             sm.apply([create(n + 1)]),
@@ -2533,10 +2610,10 @@ mod tests {
         .await;
         let waiting = !freezing.is_finished();
         drop(writing); // first: a failed assert must not leave the freeze blocked
-        assert!(applied.is_ok(), "apply was held by the freeze");
-        assert!(waiting, "the freeze waited for the write lock");
-        assert_eq!(freezing.await.unwrap(), Some(n), "frozen where it began");
-        assert!(!sm.inner.freeze_pending.load(Ordering::Acquire));
+        assert!(applied.is_ok(), "apply was held by the pin");
+        assert!(waiting, "the pin waited for the write lock");
+        assert_eq!(freezing.await.unwrap(), Some(n), "pinned where it began");
+        assert!(!sm.inner.pin_pending.load(Ordering::Acquire));
         assert!(sm.unflushed_keys() > 0, "entry n + 1 is held, not written");
         let mut reference = open_flushing_every(ref_dir.path(), 0);
         reference.apply((1..=n + 1).map(create)).await.unwrap();
@@ -2545,32 +2622,75 @@ mod tests {
 
     /// Before this, a snapshot build or digest held the apply lock while it
     /// read the whole tree: at 1M timers apply stopped for seconds, and
-    /// every fire and create with it.
+    /// every fire and create with it. Later it held sled still for the
+    /// read: at 10M timers apply waited out most of a 26 s read.
     #[tokio::test]
-    async fn apply_goes_on_while_sled_is_held_still_and_the_held_tree_is_the_state_at_its_index() {
+    async fn windows_are_written_under_a_pinned_read_and_it_reads_the_state_at_its_index() {
         let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut sm = open_windowed(dir.path());
         let mut reference = open_windowed(ref_dir.path());
         sm.apply((1..=5).map(create)).await.unwrap();
         reference.apply((1..=5).map(create)).await.unwrap();
-        let frozen = freeze(&sm).await;
-        assert_eq!(frozen.applied.map(|l| l.index), Some(5));
+        let pinned = pin(&sm).await;
+        assert_eq!(pinned.applied.map(|l| l.index), Some(5));
+        // Half read: keys behind the read and ahead of it are written.
+        let mut read = Vec::new();
+        {
+            let mut p = sm.inner.pin.lock();
+            let chunk = p.as_mut().unwrap().next_chunk(&sm.inner.tree, 3).unwrap();
+            read.extend(chunk.unwrap());
+        }
         sm.apply((6..=8).map(create)).await.unwrap();
-        assert_eq!(sm.last_applied().map(|l| l.index), Some(8));
-        assert!(sm.get_job("job-8").is_some(), "read through memory");
-        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(5));
-        assert!(TreeView(&sm.inner.tree).get(&keys::job("job-6")).is_none());
+        sm.apply([delete(9, 1), delete(10, 5)]).await.unwrap();
+        assert!(sm.inner.dirty.write().seal());
+        sm.write_sealed().unwrap();
         assert_eq!(
-            frozen.hash().unwrap(),
-            reference.digest().await.1,
-            "the held tree is the state at index 5"
+            sm.persisted_applied().map(|l| l.index),
+            Some(10),
+            "written under the pin"
         );
-        drop(frozen);
-        sm.flush().await.unwrap();
-        assert_eq!(sm.persisted_applied().map(|l| l.index), Some(8));
+        assert!(TreeView(&sm.inner.tree).get(&keys::job("job-5")).is_none());
+        assert!(sm.get_job("job-8").is_some());
+        pinned
+            .for_each(&mut |k, v| {
+                read.push((k.to_vec(), v.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        let mut at_5 = Vec::new();
+        reference.flush().await.unwrap();
+        reference
+            .inner
+            .tree
+            .for_each(&mut |k, v| at_5.push((k.to_vec(), v.to_vec())))
+            .unwrap();
+        assert!(read == at_5, "the pinned read is the state at index 5");
+        assert!(
+            sm.inner.pin.lock().as_ref().unwrap().peak_bytes() > 0,
+            "values were kept"
+        );
+        drop(pinned);
+        assert!(sm.inner.pin.lock().is_none());
         reference.apply((6..=8).map(create)).await.unwrap();
+        reference
+            .apply([delete(9, 1), delete(10, 5)])
+            .await
+            .unwrap();
         assert_eq!(sm.digest().await, reference.digest().await);
         assert_eq!(sm.frozen_waits(), 0);
+    }
+
+    /// Opens with a pin that keeps nothing: a window written under a pinned
+    /// read holds sled still until the read ends.
+    fn open_holding_under_a_pin(dir: &Path, held_limits: (usize, usize)) -> StateMachine {
+        let opts = Options {
+            flush_ms: FLUSH_MS_MAX,
+            flush_keys: TEST_FLUSH_KEYS,
+            held_limits,
+            pin_bytes: 0,
+            ..Default::default()
+        };
+        super::super::open(dir, 8 << 20, opts).unwrap().1
     }
 
     /// Windows sealed while sled was held still reach it one at a time
@@ -2580,9 +2700,9 @@ mod tests {
     #[tokio::test]
     async fn windows_sealed_while_sled_was_held_are_written_one_by_one_each_at_its_index() {
         let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut sm = open_windowed(dir.path());
+        let mut sm = open_holding_under_a_pin(dir.path(), (HELD_KEYS, HELD_BYTES));
         sm.apply((1..=3).map(create)).await.unwrap();
-        let frozen = freeze(&sm).await;
+        let frozen = pin(&sm).await;
         sm.apply((4..=5).map(create)).await.unwrap();
         assert!(sm.inner.dirty.write().seal(), "a tick");
         sm.apply([delete(6, 4)]).await.unwrap();
@@ -2590,6 +2710,7 @@ mod tests {
         sm.apply((7..=8).map(create)).await.unwrap();
         sm.write_sealed().unwrap();
         assert_eq!(sm.persisted_applied().map(|l| l.index), Some(3), "held");
+        assert!(sm.inner.held.load(Ordering::Acquire), "the pin was full");
         assert_eq!(sm.inner.dirty.read().sealed.len(), 2);
         drop(frozen);
         {
@@ -2600,7 +2721,7 @@ mod tests {
         assert!(sm.get_job("job-4").is_none(), "reads see the newest state");
         assert!(sm.get_job("job-8").is_some());
         drop(sm);
-        let mut restarted = open_windowed(dir.path());
+        let mut restarted = open_holding_under_a_pin(dir.path(), (HELD_KEYS, HELD_BYTES));
         assert_eq!(restarted.persisted_applied().map(|l| l.index), Some(5));
         assert!(
             restarted.get_job("job-4").is_some(),
@@ -2621,14 +2742,9 @@ mod tests {
     #[tokio::test]
     async fn past_the_held_limits_while_sled_is_held_apply_waits_for_it_to_be_let_go() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = Options {
-            flush_ms: FLUSH_MS_MAX,
-            held_limits: (10, usize::MAX),
-            ..Default::default()
-        };
-        let (_, mut sm) = super::super::open(dir.path(), 8 << 20, opts).unwrap();
+        let mut sm = open_holding_under_a_pin(dir.path(), (10, usize::MAX));
         sm.apply([create(1)]).await.unwrap();
-        let frozen = freeze(&sm).await;
+        let frozen = pin(&sm).await;
         let applying = tokio::spawn({
             let mut sm = sm.clone();
             async move { sm.apply((2..=40).map(create)).await.map(|r| r.len()) }
