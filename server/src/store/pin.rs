@@ -8,10 +8,14 @@
 //! has not passed yet ([`Pin::keep_before`]). The reader takes those kept
 //! values over the tree's: what it sees is the tree as it was when pinned.
 //!
-//! The writer and the reader take turns under one lock (the caller's), so
-//! a key is either read before it is written, or written after its value
-//! was kept. A kept value is dropped as soon as the reader passes its key,
-//! and a key the reader has passed is never kept again.
+//! The writer and the reader take turns under one lock (the caller's): the
+//! reader reads a chunk and moves past it under the lock, and the writer,
+//! before it writes a key, keeps the key's value under the lock unless the
+//! reader is past it. So a key is either read before it is written, or its
+//! pinned value is kept before it is written, and the reader takes that
+//! value over whatever sled holds when it gets there: the write itself
+//! need not hold the lock. A kept value is dropped as soon as the reader
+//! passes its key, and a key the reader has passed is never kept again.
 
 use std::collections::BTreeMap;
 
@@ -48,10 +52,10 @@ impl Pin {
     }
 
     /// Keeps the pinned value of every key in `keys` the reader has yet to
-    /// read, before the caller writes them to `tree` (holding the lock this
-    /// pin is under until the write is done). Refuses, keeping nothing,
-    /// when that would take the kept values past `limit` bytes: the caller
-    /// must then not write until the read ends.
+    /// read, before the caller writes them to `tree` (one writer at a time,
+    /// each write after its keys were kept). Refuses, keeping nothing of
+    /// `keys`, when that would take the kept values past `limit` bytes: the
+    /// caller must then not write them until the read ends.
     pub fn keep_before<'k>(
         &mut self,
         tree: &dyn KvTree,
@@ -171,13 +175,15 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Step {
         Read(usize),
-        Write(Vec<(Vec<u8>, Option<Vec<u8>>)>),
+        /// Keep, let the reader read chunks of these sizes, then write.
+        Write(Vec<(Vec<u8>, Option<Vec<u8>>)>, Vec<usize>),
     }
 
     fn step() -> impl Strategy<Value = Step> {
+        let writes = vec((key(), proptest::option::of(vec(any::<u8>(), 0..3))), 1..8);
         prop_oneof![
             (1usize..6).prop_map(Step::Read),
-            vec((key(), proptest::option::of(vec(any::<u8>(), 0..3))), 1..8).prop_map(Step::Write),
+            (writes, vec(1usize..4, 0..3)).prop_map(|(w, r)| Step::Write(w, r)),
         ]
     }
 
@@ -207,9 +213,12 @@ mod tests {
             for step in steps {
                 match step {
                     Step::Read(n) => read.extend(pin.next_chunk(&tree, n).unwrap().unwrap_or_default()),
-                    Step::Write(writes) => {
+                    Step::Write(writes, reads_between) => {
                         let keys = writes.iter().map(|(k, _)| k.as_slice());
                         prop_assert_eq!(pin.keep_before(&tree, keys, usize::MAX).unwrap(), Ok(()));
+                        for n in reads_between {
+                            read.extend(pin.next_chunk(&tree, n).unwrap().unwrap_or_default());
+                        }
                         write(&tree, &writes);
                     }
                 }

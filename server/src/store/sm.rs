@@ -1212,19 +1212,8 @@ impl StateMachine {
             return Ok(false);
         };
         let (start, cpu) = (std::time::Instant::now(), thread_cpu());
-        // Held until the window is written: a pinned read never sees a key
-        // of it written but not kept.
-        let mut pin = self.inner.pin.lock();
-        if let Some(pin) = pin.as_mut() {
-            let keys = window.keys().map(Vec::as_slice);
-            if pin
-                .keep_before(&self.inner.tree, keys, self.inner.pin_bytes)?
-                .is_err()
-            {
-                // Held still from here until the read ends.
-                self.inner.held.store(true, Ordering::Release);
-                return Ok(false);
-            }
+        if !self.keep_pinned(&window)? {
+            return Ok(false); // held still until the read ends
         }
         let mut timers = TimerDelta::default();
         if window.len() <= BATCH_KEYS {
@@ -1245,13 +1234,41 @@ impl StateMachine {
         } else {
             self.write_through_redo(&window, &mut timers)?;
         }
-        drop(pin);
         timers.apply_to(&self.inner.pending_timers);
         let cpu = thread_cpu().saturating_sub(cpu);
         self.inner.metrics.state_flushed(start.elapsed(), cpu);
         // Reads of its keys go to sled from here on.
         self.inner.dirty.write().written();
         (self.inner.writes_total).fetch_add(window.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Keeps, in the pinned read if one is under way, what sled holds for
+    /// each key of `window` the read has yet to reach, before the window is
+    /// written ([`Pin::keep_before`]). False if that would pass
+    /// `pin_bytes`: sled is then held still (`held`, set under the pin's
+    /// lock, so never after the read ended) until the read ends. The pin's lock is taken for [`KEEP_CHUNK`] keys at a
+    /// time, and not held while the window is written: the read goes on
+    /// meanwhile, taking the kept values over what it finds in sled.
+    fn keep_pinned(&self, window: &core::Pending) -> Result<bool, sled::Error> {
+        if self.inner.pin.lock().is_none() {
+            return Ok(true);
+        }
+        let keys: Vec<&[u8]> = window.keys().map(Vec::as_slice).collect();
+        for chunk in keys.chunks(KEEP_CHUNK) {
+            let mut pin = self.inner.pin.lock();
+            let Some(pin) = pin.as_mut() else {
+                return Ok(true); // the read ended
+            };
+            let limit = self.inner.pin_bytes;
+            if pin
+                .keep_before(&self.inner.tree, chunk.iter().copied(), limit)?
+                .is_err()
+            {
+                self.inner.held.store(true, Ordering::Release);
+                return Ok(false);
+            }
+        }
         Ok(true)
     }
 
@@ -1463,9 +1480,11 @@ struct Pinned {
     held_keys: usize,
 }
 
-/// Pairs read from sled per turn of a pinned read; a window's write waits
-/// for at most one turn.
+/// Pairs read from sled per turn of a pinned read; a window's keeping
+/// waits for at most one turn.
 const PIN_READ_CHUNK: usize = 1024;
+/// Keys of a window kept per turn of a pinned read's lock.
+const KEEP_CHUNK: usize = 256;
 
 impl Pinned {
     /// Visits every pair of the state at `applied`, in key order, a chunk
