@@ -484,7 +484,9 @@ impl Metrics {
         let _one = self.rendering.lock().unwrap_or_else(|e| e.into_inner());
         let m = node.raft.metrics().borrow().clone();
         let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.pending_timers.set(int(node.sm.pending_timers()));
+        if let Some(n) = node.sm.pending_timers() {
+            self.pending_timers.set(int(n));
+        }
         self.raft_term.set(int(m.current_term));
         self.raft_last_log_index
             .set(int(m.last_log_index.unwrap_or(0)));

@@ -36,13 +36,20 @@ pub fn open(
 ) -> Result<(LogStore, StateMachine), StoreError> {
     std::fs::create_dir_all(dir).map_err(|e| StoreError::Sled(e.into()))?;
     format::check_or_create(dir)?;
+    let start = std::time::Instant::now();
     let db = sled::Config::new()
         .path(dir.join("db"))
         .mode(sled::Mode::HighThroughput)
         .cache_capacity(cache_bytes)
         .open()?;
     let db = Arc::new(db);
+    let sled_ms = start.elapsed().as_millis() as u64;
     let log = LogStore::open(db.clone(), sm_opts.metrics.clone())?;
     let sm = StateMachine::open(db, dir, sm_opts)?;
+    tracing::info!(
+        sled_ms,
+        took_ms = start.elapsed().as_millis() as u64,
+        "store opened"
+    );
     Ok((log, sm))
 }
