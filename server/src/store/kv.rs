@@ -44,10 +44,7 @@ impl KvTree for sled::Tree {
         if start >= end {
             return Ok(Vec::new());
         }
-        sled::Tree::range(self, start..end)
-            .take(limit)
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
-            .collect()
+        owned(sled::Tree::range(self, start..end), limit)
     }
 
     fn range_from(
@@ -55,10 +52,7 @@ impl KvTree for sled::Tree {
         start: &[u8],
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, sled::Error> {
-        sled::Tree::range(self, start..)
-            .take(limit)
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
-            .collect()
+        owned(sled::Tree::range(self, start..), limit)
     }
 
     fn last(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, sled::Error> {
@@ -101,6 +95,13 @@ impl KvTree for sled::Tree {
         }
         Ok(())
     }
+}
+
+/// Up to `limit` pairs of `iter`, copied out of sled's buffers.
+fn owned(iter: sled::Iter, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, sled::Error> {
+    iter.take(limit)
+        .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
+        .collect()
 }
 
 /// The core's read view over a tree. A read error here means the disk

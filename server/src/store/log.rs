@@ -55,21 +55,22 @@ impl LogStore {
     pub fn open(db: Arc<sled::Db>, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
         let log = Arc::new(db.open_tree("raft_log")?);
         let meta = Arc::new(db.open_tree("raft_meta")?);
-        let purged: Option<LogId> = match KvTree::get(&*meta, KEY_PURGED)? {
-            Some(raw) => Some(
-                decode(&raw).map_err(|e| StoreError::Corrupt(format!("last purged id: {e}")))?,
-            ),
-            None => None,
-        };
-        let purged_below = purged.map_or(0, |l| l.index.saturating_add(1));
-        Ok(LogStore {
+        let store = LogStore {
             db,
             log,
             meta,
             metrics,
-            purged_below: Arc::new(purged_below.into()),
+            purged_below: Arc::default(),
             removing: Arc::default(),
-        })
+        };
+        let purged: Option<LogId> = store
+            .meta_get(KEY_PURGED)
+            .map_err(|e| StoreError::Corrupt(format!("last purged id: {e}")))?;
+        let below = purged.map_or(0, |l| l.index.saturating_add(1));
+        store
+            .purged_below
+            .store(below, std::sync::atomic::Ordering::Release);
+        Ok(store)
     }
 
     fn meta_get<T: serde::de::DeserializeOwned>(
@@ -133,9 +134,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let last_purged: Option<LogId> = self.meta_get(KEY_PURGED)?;
         let last = match KvTree::last(&*self.log).map_err(read_err)? {
             Some((_, v)) => Some(decode::<Entry>(&v).map_err(read_err)?.log_id),
-            None => last_purged,
+            None => None,
         };
-        // Entries at or below the purged id may still be being removed.
+        // Never below the purged id: with no entry left, or only entries
+        // at or below it still being removed.
         let last = std::cmp::max_by_key(last_purged, last, |l| l.map(|l| l.index));
         Ok(LogState {
             last_purged_log_id: last_purged,
@@ -286,7 +288,7 @@ mod tests {
                 "first entry stays {:?}",
                 store.first_index()
             );
-            tokio::task::yield_now().await;
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 

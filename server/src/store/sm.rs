@@ -440,8 +440,8 @@ struct Inner {
     /// on blocking threads.
     write_lock: parking_lot::Mutex<()>,
     /// The read pinned under `pin_lock`, if any: every window written
-    /// meanwhile keeps in it what sled held at the pin, before it is
-    /// written, holding this lock while it writes.
+    /// meanwhile first keeps in it what sled held at the pin for the keys
+    /// the read has yet to reach ([`StateMachine::keep_pinned`]).
     pin: parking_lot::Mutex<Option<Pin>>,
     /// Bytes a pin may keep ([`PIN_BYTES`]; smaller only in tests).
     pin_bytes: usize,
@@ -589,10 +589,15 @@ impl StateMachine {
         let sm = StateMachine {
             inner: Arc::new(inner),
         };
-        let counting = sm.clone();
+        // Weak: a store dropped before the count begins is not kept open.
+        let counting = Arc::downgrade(&sm.inner);
         let spawned = std::thread::Builder::new()
             .name("kairos-count".into())
-            .spawn(move || counting.count_timers());
+            .spawn(move || {
+                if let Some(inner) = counting.upgrade() {
+                    StateMachine { inner }.count_timers();
+                }
+            });
         if spawned.is_err() {
             sm.count_timers();
         }
@@ -1279,9 +1284,10 @@ impl StateMachine {
     /// each key of `window` the read has yet to reach, before the window is
     /// written ([`Pin::keep_before`]). False if that would pass
     /// `pin_bytes`: sled is then held still (`held`, set under the pin's
-    /// lock, so never after the read ended) until the read ends. The pin's lock is taken for [`KEEP_CHUNK`] keys at a
-    /// time, and not held while the window is written: the read goes on
-    /// meanwhile, taking the kept values over what it finds in sled.
+    /// lock, so never after the read ended) until the read ends. The pin's
+    /// lock is taken for [`KEEP_CHUNK`] keys at a time, and not held while
+    /// the window is written: the read goes on meanwhile, taking the kept
+    /// values over what it finds in sled.
     fn keep_pinned(&self, window: &core::Pending) -> Result<bool, sled::Error> {
         if self.inner.pin.lock().is_none() {
             return Ok(true);
@@ -1319,7 +1325,7 @@ impl StateMachine {
     }
 
     /// Writes the applied state held in memory to sled now (graceful
-    /// shutdown, tests), after any snapshot or digest holding sled still.
+    /// shutdown, tests), after any snapshot or digest reading sled.
     pub async fn flush(&self) -> Result<(), StorageError> {
         let _serial = self.inner.pin_lock.lock().await;
         let _g = self.inner.apply_lock.lock().await;
@@ -1390,7 +1396,7 @@ impl StateMachine {
                     woken.wait_until(&mut pending_wake, tick);
                 }
             };
-            // A freeze on its way writes what is held itself (`freeze`).
+            // A pin on its way writes what is held itself (`pin`).
             if self.inner.pin_pending.load(Ordering::Acquire) {
                 tick = std::time::Instant::now() + every;
                 continue;
@@ -1994,6 +2000,12 @@ mod tests {
             flush_keys: TEST_FLUSH_KEYS,
             ..Default::default()
         };
+        open_with(dir, opts)
+    }
+
+    /// Opens `dir`, trying again while the store dropped just before (or a
+    /// thread of it finishing) still holds the directory's lock.
+    fn open_with(dir: &Path, opts: Options) -> StateMachine {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
             match super::super::open(dir, 8 << 20, opts.clone()) {
@@ -2223,7 +2235,7 @@ mod tests {
                 return n;
             }
             assert!(std::time::Instant::now() < deadline, "never counted");
-            std::thread::yield_now();
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 
@@ -2662,7 +2674,7 @@ mod tests {
         sm.apply((1..=n).map(create)).await.unwrap();
         let handle = sm.clone();
         let writing = handle.inner.write_lock.lock(); // as the flusher holds it while it writes
-        let freezing = {
+        let pinning = {
             let sm = sm.clone();
             tokio::spawn(async move { pin(&sm).await.applied.map(|l| l.index) })
         };
@@ -2678,11 +2690,11 @@ mod tests {
             sm.apply([create(n + 1)]),
         )
         .await;
-        let waiting = !freezing.is_finished();
+        let waiting = !pinning.is_finished();
         drop(writing); // first: a failed assert must not leave the freeze blocked
         assert!(applied.is_ok(), "apply was held by the pin");
         assert!(waiting, "the pin waited for the write lock");
-        assert_eq!(freezing.await.unwrap(), Some(n), "pinned where it began");
+        assert_eq!(pinning.await.unwrap(), Some(n), "pinned where it began");
         assert!(!sm.inner.pin_pending.load(Ordering::Acquire));
         assert!(sm.unflushed_keys() > 0, "entry n + 1 is held, not written");
         let mut reference = open_flushing_every(ref_dir.path(), 0);
@@ -2760,7 +2772,7 @@ mod tests {
             pin_bytes: 0,
             ..Default::default()
         };
-        super::super::open(dir, 8 << 20, opts).unwrap().1
+        open_with(dir, opts)
     }
 
     /// Windows sealed while sled was held still reach it one at a time
