@@ -13,6 +13,9 @@
 //!   flush larger than one sled batch (`store::sm`), its redo record written.
 //! - `ignore-elect`: a handover's `Elect` request is answered but no
 //!   election is started (`grpc::peer`).
+//! - `slow-snapshot=MS`: each snapshot build takes MS milliseconds longer
+//!   (`store::sm`), as a large state's would (`raft::snapshots` spaces
+//!   builds by their duration).
 
 use std::sync::OnceLock;
 

@@ -78,6 +78,7 @@ pub struct Metrics {
     apply: Histogram,
     log_append: Histogram,
     state_flush: Histogram,
+    snapshot_build: Histogram,
     /// CPU seconds of the threads that applied entries and wrote windows.
     apply_cpu: Counter<f64, AtomicU64>,
     flush_cpu: Counter<f64, AtomicU64>,
@@ -138,6 +139,7 @@ impl Metrics {
             apply: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             log_append: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             state_flush: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            snapshot_build: seconds(),
             apply_cpu: Counter::default(),
             flush_cpu: Counter::default(),
             runtime_lag: seconds(),
@@ -303,6 +305,12 @@ impl Metrics {
             self.snapshot_bytes.clone(),
         );
         r.register_with_unit(
+            "kairos_snapshot_build",
+            "Time this node took to build each snapshot (read the state pinned, write and sync the file)",
+            Unit::Seconds,
+            self.snapshot_build.clone(),
+        );
+        r.register_with_unit(
             "kairos_cluster_time_offset",
             "Offset this node applies to its clock to follow cluster time",
             Unit::Seconds,
@@ -439,6 +447,11 @@ impl Metrics {
 
     pub fn runtime_lagged(&self, late: Duration) {
         self.runtime_lag.observe(late.as_secs_f64());
+    }
+
+    /// This node built a snapshot in `took`.
+    pub fn snapshot_built(&self, took: Duration) {
+        self.snapshot_build.observe(took.as_secs_f64());
     }
 
     pub fn state_flushed(&self, took: Duration, cpu: Duration) {

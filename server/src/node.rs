@@ -38,7 +38,9 @@ pub struct Config {
     pub heartbeat_ms: u64,
     pub election_min_ms: u64,
     pub election_max_ms: u64,
-    /// Build a snapshot after this many log entries.
+    /// Build a snapshot after this many log entries, and no sooner than 4
+    /// times the last build's duration after it (`raft::snapshots`) unless
+    /// 10 times this many are waiting.
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot for slow followers.
     pub keep_logs: u64,
@@ -153,7 +155,8 @@ impl Config {
             heartbeat_interval: self.heartbeat_ms,
             election_timeout_min: self.election_min_ms,
             election_timeout_max: self.election_max_ms,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs),
+            // `raft::snapshots::build_when_due` asks for each build.
+            snapshot_policy: openraft::SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: self.keep_logs,
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
             ..Default::default()
@@ -1085,6 +1088,11 @@ pub async fn run(
         tokio::spawn(crate::membership::finish_interrupted(node.clone())),
         tokio::spawn(crate::upgrade::raise_active_format(node.clone())),
         tokio::spawn(node.sm.clone().run_flusher()),
+        tokio::spawn(crate::raft::snapshots::build_when_due(
+            node.raft.clone(),
+            node.sm.clone(),
+            config.snapshot_logs,
+        )),
     ];
     if config.join.is_empty() {
         tasks.push(tokio::spawn(bootstrap(node.clone(), config.peers.clone())));

@@ -69,3 +69,56 @@ async fn lagging_follower_installs_a_snapshot_and_converges() {
     });
     assert_eq!(jobs.await.unwrap().jobs.len(), created);
 }
+
+/// A node builds its next snapshot no sooner than four times the last
+/// build's duration after it ended (`raft::snapshots`), however many
+/// entries wait below ten times `--snapshot-logs`: with every build slowed
+/// by two seconds (`slow-snapshot`), the second build ends at least ten
+/// seconds after the first (eight of spacing, two of building).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_builds_are_spaced_by_their_duration() {
+    let cluster = Cluster::start_each(1, &["--snapshot-logs", "10"], &|n| {
+        n.env
+            .push(("KAIROS_FAILPOINT".into(), "slow-snapshot=2000".into()));
+    });
+    let node = cluster.wait_leader().await;
+    let c = cluster.client();
+    let builds = || cluster.metric(node, "kairos_snapshot_build_seconds_count");
+    let create_n = |prefix: &'static str, n: usize| {
+        let c = &c;
+        async move {
+            for i in 0..n {
+                create(c, every_job(&format!("{prefix}-{i:03}"), "g", 3_600_000))
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    // Past `--snapshot-logs`, and this node has built nothing yet: due now.
+    create_n("first", 15).await;
+    wait_for("the first snapshot build", Duration::from_secs(60), || {
+        let n = builds().unwrap_or(0.0);
+        async move { (n >= 1.0).then_some(()) }
+    })
+    .await;
+    let first_seen = std::time::Instant::now();
+    // Enough entries for the next build, far below the cap of ten times as many.
+    create_n("second", 30).await;
+    let before_second = std::cell::Cell::new(std::time::Instant::now());
+    wait_for("the second snapshot build", Duration::from_secs(90), || {
+        let n = builds().unwrap_or(0.0);
+        if n < 2.0 {
+            before_second.set(std::time::Instant::now());
+        }
+        async move { (n >= 2.0).then_some(()) }
+    })
+    .await;
+    // The first build ended before `first_seen`, the second after
+    // `before_second`; allow half the spacing for a slow poll.
+    let apart = before_second.get().duration_since(first_seen);
+    assert!(
+        apart >= Duration::from_secs(5),
+        "the second build ended {apart:?} after the first was seen; spacing wants 10 s"
+    );
+    assert_eq!(builds(), Some(2.0), "one build per spacing");
+}

@@ -1,7 +1,8 @@
 //! Raft wiring: the openraft type configuration, the peer network over
-//! gRPC, and the openraft `Config` Kairos runs with.
+//! gRPC, and when a node builds its snapshots.
 
 pub mod network;
+pub mod snapshots;
 
 use crate::core::{Response, VersionedCommand};
 

@@ -493,6 +493,9 @@ struct Inner {
     last_digest: parking_lot::Mutex<Option<TakenDigest>>,
     /// Digests computed since open (each a pass over the whole state).
     digests_taken: AtomicU64,
+    /// The last snapshot this node built since open: when it ended and
+    /// how long it took (`raft::snapshots` spaces builds out by it).
+    last_build: parking_lot::Mutex<Option<Built>>,
     /// Tests: a flush through the redo record stops after this many pairs.
     #[cfg(test)]
     redo_stop: std::sync::atomic::AtomicUsize,
@@ -505,6 +508,13 @@ struct TakenDigest {
     hex: String,
     at: std::time::Instant,
     took: std::time::Duration,
+}
+
+/// A snapshot this node built: when it ended and how long it took.
+#[derive(Clone, Copy, Debug)]
+pub struct Built {
+    pub ended: std::time::Instant,
+    pub took: std::time::Duration,
 }
 
 /// A digest is taken again no sooner than this many times its last
@@ -583,6 +593,7 @@ impl StateMachine {
             refusal: std::sync::Mutex::default(),
             last_digest: parking_lot::Mutex::new(None),
             digests_taken: AtomicU64::new(0),
+            last_build: parking_lot::Mutex::new(None),
             #[cfg(test)]
             redo_stop: std::sync::atomic::AtomicUsize::new(usize::MAX),
         };
@@ -750,6 +761,11 @@ impl StateMachine {
     /// Whether a `Housekeep` at `now_ms` would find work.
     pub fn housekeeping_due(&self, now_ms: i64) -> bool {
         core::query::housekeeping_due(&self.view(), now_ms)
+    }
+
+    /// The last snapshot this node built since it opened its store.
+    pub fn last_build(&self) -> Option<Built> {
+        *self.inner.last_build.lock()
     }
 
     /// The file holding the current snapshot (`snapshot.bin`).
@@ -1469,10 +1485,19 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             Ok((pairs, kept_bytes))
         })
         .await?;
+        if let Some(ms) = crate::failpoint::value("slow-snapshot") {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
+        let took = start.elapsed();
+        *self.inner.last_build.lock() = Some(Built {
+            ended: std::time::Instant::now(),
+            took,
+        });
+        self.inner.metrics.snapshot_built(took);
         tracing::info!(
             index = meta.last_log_id.map_or(0, |l| l.index),
             pairs,
-            took_ms = start.elapsed().as_millis() as u64,
+            took_ms = took.as_millis() as u64,
             pin_ms,
             held_keys,
             kept_bytes,

@@ -184,7 +184,8 @@ pub struct ServeArgs {
         conflicts_with = "peers"
     )]
     join: Vec<String>,
-    /// Build a snapshot after this many log entries.
+    /// Build a snapshot after this many log entries; no sooner than 4 times
+    /// the last build's duration after it, unless 10 times as many wait.
     #[arg(long, env = "KAIROS_SNAPSHOT_LOGS", default_value_t = 10_000)]
     snapshot_logs: u64,
     /// Log entries kept behind a snapshot for lagging followers.
