@@ -12,9 +12,58 @@
 use serde::{de::DeserializeOwned, Serialize};
 
 pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    encode_parts(|out| append(out, v))
+}
+
+/// A writer that appends to a `Vec`.
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl bincode::enc::write::Writer for Append<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// Appends `v`'s encoding to `out`.
+fn append<T: Serialize>(out: &mut Vec<u8>, v: &T) {
     // Encoding plain data into a Vec cannot fail; a failure is a programming error.
-    bincode::serde::encode_to_vec(v, bincode::config::standard())
-        .expect("bincode encode of plain data")
+    bincode::serde::encode_into_writer(v, Append(out), bincode::config::standard())
+        .expect("bincode encode of plain data");
+}
+
+/// A buffer kept at most this large between encodes (a snapshot chunk or a
+/// log entry is larger: its buffer is let go).
+const SCRATCH_KEEP: usize = 64 << 10;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What `parts` appends to an empty buffer, as a `Vec` of exactly its
+/// length. The parts are written into a buffer this thread keeps, then
+/// copied out once: bincode writing into a fresh `Vec` grew it five or six
+/// times for a record (8, 16, … 256 bytes), each a reallocation and a copy
+/// (~6 % of apply's samples at saturation, BENCHMARKS.md twenty-sixth
+/// pass); and a `Vec` kept in a window holds no spare capacity.
+fn encode_parts(parts: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            parts(&mut buf);
+            let out = buf.to_vec();
+            if buf.capacity() > SCRATCH_KEEP {
+                *buf = Vec::new();
+            }
+            out
+        }
+        // Not re-entered today; if it ever is, a fresh buffer is still right.
+        Err(_) => {
+            let mut buf = Vec::new();
+            parts(&mut buf);
+            buf
+        }
+    })
 }
 
 /// The length of `encode(v)`, without building it.
@@ -76,19 +125,21 @@ where
     M: Serialize + Default + PartialEq,
     L: Serialize + Default + PartialEq,
 {
-    let mut out = encode(head);
     let last_set = *last != L::default();
     let more_set = last_set || *more != M::default();
-    if more_set || *tail != E::default() {
-        out.extend(encode(tail));
-    }
-    if more_set {
-        out.extend(encode(more));
-    }
-    if last_set {
-        out.extend(encode(last));
-    }
-    out
+    let tail_set = more_set || *tail != E::default();
+    encode_parts(|out| {
+        append(out, head);
+        if tail_set {
+            append(out, tail);
+        }
+        if more_set {
+            append(out, more);
+        }
+        if last_set {
+            append(out, last);
+        }
+    })
 }
 
 /// Reads `encode_with_tail`'s bytes (or a record without a tail): the
@@ -226,6 +277,56 @@ pub fn check_format(what: &str, found: u32, oldest: u32, known: u32) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encodings_through_the_kept_buffer_are_bincodes_exactly_and_own_no_spare_room() {
+        let bincode = |v: &dyn erased::Encode| v.bincode();
+        let values: Vec<Box<dyn erased::Encode>> = vec![
+            Box::new(5u64),
+            Box::new(String::from("job-0001")),
+            Box::new(vec![7u8; SCRATCH_KEEP * 2]),
+            // After a value larger than the kept buffer, and a shorter one after a longer.
+            Box::new((1i64, String::from("x"), Some(vec![1u8, 2, 3]))),
+            Box::new(()),
+        ];
+        for v in &values {
+            let got = v.ours();
+            assert_eq!(got, bincode(v.as_ref()));
+            assert_eq!(got.capacity(), got.len(), "no spare room in a kept value");
+        }
+        SCRATCH.with(|s| assert!(s.borrow().capacity() <= SCRATCH_KEEP));
+        // Tails are appended in one buffer, each only when it or a later one is set.
+        let rec = encode_with_three_tails(&1u32, &0u8, &0u16, &9u64);
+        let mut want = encode(&1u32);
+        for part in [encode(&0u8), encode(&0u16), encode(&9u64)] {
+            want.extend(part);
+        }
+        assert_eq!(rec, want);
+        assert_eq!(
+            encode_with_three_tails(&1u32, &0u8, &0u16, &0u64),
+            encode(&1u32)
+        );
+        assert_eq!(
+            decode_with_three_tails::<u32, u8, u16, u64>(&rec, "rec").unwrap(),
+            (1, 0, 0, 9)
+        );
+    }
+
+    /// Values of different types behind one object, for the test above.
+    mod erased {
+        pub trait Encode {
+            fn ours(&self) -> Vec<u8>;
+            fn bincode(&self) -> Vec<u8>;
+        }
+        impl<T: serde::Serialize> Encode for T {
+            fn ours(&self) -> Vec<u8> {
+                super::encode(self)
+            }
+            fn bincode(&self) -> Vec<u8> {
+                bincode::serde::encode_to_vec(self, bincode::config::standard()).unwrap()
+            }
+        }
+    }
 
     #[test]
     fn a_length_bomb_is_an_error_not_an_allocation() {
