@@ -15,20 +15,10 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     encode_parts(|out| append(out, v))
 }
 
-/// A writer that appends to a `Vec`.
-struct Append<'a>(&'a mut Vec<u8>);
-
-impl bincode::enc::write::Writer for Append<'_> {
-    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
-        self.0.extend_from_slice(bytes);
-        Ok(())
-    }
-}
-
 /// Appends `v`'s encoding to `out`.
 fn append<T: Serialize>(out: &mut Vec<u8>, v: &T) {
     // Encoding plain data into a Vec cannot fail; a failure is a programming error.
-    bincode::serde::encode_into_writer(v, Append(out), bincode::config::standard())
+    bincode::serde::encode_into_std_write(v, out, bincode::config::standard())
         .expect("bincode encode of plain data");
 }
 
@@ -280,20 +270,18 @@ mod tests {
 
     #[test]
     fn encodings_through_the_kept_buffer_are_bincodes_exactly_and_own_no_spare_room() {
-        let bincode = |v: &dyn erased::Encode| v.bincode();
-        let values: Vec<Box<dyn erased::Encode>> = vec![
-            Box::new(5u64),
-            Box::new(String::from("job-0001")),
-            Box::new(vec![7u8; SCRATCH_KEEP * 2]),
-            // After a value larger than the kept buffer, and a shorter one after a longer.
-            Box::new((1i64, String::from("x"), Some(vec![1u8, 2, 3]))),
-            Box::new(()),
-        ];
-        for v in &values {
-            let got = v.ours();
-            assert_eq!(got, bincode(v.as_ref()));
+        fn same<T: Serialize>(v: &T) {
+            let got = encode(v);
+            let want = bincode::serde::encode_to_vec(v, bincode::config::standard()).unwrap();
+            assert_eq!(got, want);
             assert_eq!(got.capacity(), got.len(), "no spare room in a kept value");
         }
+        same(&5u64);
+        same(&String::from("job-0001"));
+        same(&vec![7u8; SCRATCH_KEEP * 2]);
+        // After a value larger than the kept buffer, and a shorter one after a longer.
+        same(&(1i64, String::from("x"), Some(vec![1u8, 2, 3])));
+        same(&());
         SCRATCH.with(|s| assert!(s.borrow().capacity() <= SCRATCH_KEEP));
         // Tails are appended in one buffer, each only when it or a later one is set.
         let rec = encode_with_three_tails(&1u32, &0u8, &0u16, &9u64);
@@ -310,22 +298,6 @@ mod tests {
             decode_with_three_tails::<u32, u8, u16, u64>(&rec, "rec").unwrap(),
             (1, 0, 0, 9)
         );
-    }
-
-    /// Values of different types behind one object, for the test above.
-    mod erased {
-        pub trait Encode {
-            fn ours(&self) -> Vec<u8>;
-            fn bincode(&self) -> Vec<u8>;
-        }
-        impl<T: serde::Serialize> Encode for T {
-            fn ours(&self) -> Vec<u8> {
-                super::encode(self)
-            }
-            fn bincode(&self) -> Vec<u8> {
-                bincode::serde::encode_to_vec(self, bincode::config::standard()).unwrap()
-            }
-        }
     }
 
     #[test]
