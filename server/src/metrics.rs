@@ -479,6 +479,16 @@ impl Metrics {
         self.apply_cpu.inc_by(cpu.as_secs_f64());
     }
 
+    /// CPU seconds spent applying entries so far (`kairos_apply_cpu`).
+    pub fn apply_cpu_seconds(&self) -> f64 {
+        self.apply_cpu.get()
+    }
+
+    /// CPU seconds spent writing flush windows so far (`kairos_state_flush_cpu`).
+    pub fn flush_cpu_seconds(&self) -> f64 {
+        self.flush_cpu.get()
+    }
+
     pub fn leader_changed(&self) {
         self.leader_changes.inc();
     }
