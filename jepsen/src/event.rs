@@ -259,6 +259,10 @@ pub struct FinalNode {
     /// Applied index and digest from the status read before the jobs and runs.
     pub applied_index: u64,
     pub state_digest: String,
+    /// The applied index `state_digest` reflects (a node answers with an
+    /// older digest while a fresh one takes longer than its bound); 0 in a
+    /// history written before it, whose digests were at `applied_index`.
+    pub digest_index: u64,
     /// Applied index from a status read after them (0 = not read): the lists
     /// reflect some state between the two.
     pub applied_index_after: u64,

@@ -79,6 +79,7 @@ pub async fn read_node(n: &Node, ids: &BTreeSet<String>, now_ms: i64) -> FinalNo
             f.term = own.term;
             f.applied_index = own.applied_index;
             f.state_digest = own.state_digest;
+            f.digest_index = own.digest_index;
         }
         Err(e) => {
             f.error = Some(format!("status: {e}"));

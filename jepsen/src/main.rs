@@ -180,6 +180,7 @@ fn status_cmd(addr: &str) -> Result<()> {
             .map(|n| {
                 serde_json::json!({"id": n.id, "addr": n.addr, "role": n.role, "term": n.term,
                     "applied_index": n.applied_index, "state_digest": n.state_digest,
+                    "digest_index": n.digest_index,
                     "clock_offset_ms": n.clock_offset_ms})
             })
             .collect();

@@ -144,6 +144,7 @@ pub fn final_node(node: u64, applied_index: u64, runs: Vec<FinalRun>) -> FinalNo
         term: 2,
         applied_index,
         state_digest: format!("digest-{applied_index}"),
+        digest_index: applied_index,
         applied_index_after: applied_index,
         voters: vec![1, 2, 3],
         learners: Vec::new(),

@@ -16,6 +16,8 @@
 //! - `slow-snapshot=MS`: each snapshot build takes MS milliseconds longer
 //!   (`store::sm`), as a large state's would (`raft::snapshots` spaces
 //!   builds by their duration).
+//! - `slow-digest=MS`: each state digest takes MS milliseconds longer
+//!   (`store::sm`), as hashing a large state would.
 
 use std::sync::OnceLock;
 

@@ -470,7 +470,9 @@ impl Cluster {
         .await;
     }
 
-    /// Waits until every listed node reports the same applied index, and returns the statuses.
+    /// Waits until every listed node reports the same applied index, with
+    /// a digest of it (a status answers with an older digest while a fresh
+    /// one takes longer than its bound), and returns the statuses.
     pub async fn wait_converged(&self, via: u64, ids: &[u64]) -> Vec<pb::NodeStatus> {
         wait_for("replicas to converge", Duration::from_secs(60), || async {
             let s = self.status_via(via).await?;
@@ -483,8 +485,18 @@ impl Cluster {
             let same = nodes.len() == ids.len()
                 && nodes
                     .iter()
-                    .all(|n| n.applied_index == first && n.role != "unreachable");
+                    .all(|n| n.applied_index == first && n.role != "unreachable" && digested(n));
             same.then_some(nodes)
+        })
+        .await
+    }
+
+    /// Cluster status through node `via` once each node's digest is of the
+    /// index it reports applied.
+    pub async fn status_digested(&self, via: u64) -> pb::StatusResponse {
+        wait_for("fresh state digests", Duration::from_secs(60), || async {
+            let s = self.status_via(via).await?;
+            s.nodes.iter().all(digested).then_some(s)
         })
         .await
     }
@@ -749,6 +761,11 @@ pub async fn fires_on_without_gap(cluster: &Cluster, c: &Client, ids: &[u64]) {
         !d.is_empty() && nodes.iter().all(|n| &n.state_digest == d),
         "digests differ at the same index: {nodes:?}"
     );
+}
+
+/// Whether `n`'s state digest is of the index it reports applied.
+pub fn digested(n: &pb::NodeStatus) -> bool {
+    !n.state_digest.is_empty() && n.digest_index == n.applied_index
 }
 
 /// Waits until node `id` follows a leader and has applied at least `index`.

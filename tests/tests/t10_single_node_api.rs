@@ -20,7 +20,7 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
     let cluster = Cluster::start(1, &[]);
     cluster.wait_leader().await;
     let c = cluster.client();
-    let before = cluster.status_via(1).await.unwrap().nodes[0].clone();
+    let before = cluster.status_digested(1).await.nodes[0].clone();
     use pb::schedule::Kind;
     let cases: Vec<(pb::JobSpec, Code, &str)> = vec![
         (
@@ -166,7 +166,7 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
     }
     // Duplicate create and unknown ids.
     create(&c, every_job("dup", "g", 60_000)).await.unwrap();
-    let after_create = cluster.status_via(1).await.unwrap().nodes[0].clone();
+    let after_create = cluster.status_digested(1).await.nodes[0].clone();
     let err = create(&c, every_job("dup", "g", 60_000)).await.unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists);
     for call in ["get", "delete", "pause", "trigger"] {
@@ -213,7 +213,7 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
     }
     // Refusals changed no state: only the one good create moved the digest.
     assert_ne!(before.state_digest, after_create.state_digest);
-    let end = cluster.status_via(1).await.unwrap().nodes[0].clone();
+    let end = cluster.status_digested(1).await.nodes[0].clone();
     let list = c
         .jobs(|mut j| async move { j.list_jobs(pb::ListJobsRequest::default()).await })
         .await

@@ -1,6 +1,8 @@
 //! A follower kept down while the others take enough writes to purge the
 //! log past its index catches up by installing a snapshot, and its state
-//! digest then matches the others' at the same index.
+//! digest then matches the others' at the same index. Snapshot builds and
+//! state digests as slow as a large state's (failpoints) are spaced out,
+//! and a cluster status does not wait for them.
 
 use std::time::Duration;
 
@@ -121,4 +123,64 @@ async fn snapshot_builds_are_spaced_by_their_duration() {
         "the second build ended {apart:?} after the first was seen; spacing wants 10 s"
     );
     assert_eq!(builds(), Some(2.0), "one build per spacing");
+}
+
+/// A member whose state takes longer to hash than a status may wait
+/// (`slow-digest`, as ten million timers would) is still reported as it
+/// is: reachable, at its applied index, with the newest digest it has and
+/// that digest's index. A status that waited for the hash would time the
+/// member out as unreachable whenever a fresh hash was due. Once the
+/// background hash ends, statuses give the fresh digest, equal to the
+/// others'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_does_not_wait_for_a_slow_digest() {
+    let cluster = Cluster::start_each(3, &[], &|n| {
+        if n.id == 3 {
+            n.env
+                .push(("KAIROS_FAILPOINT".into(), "slow-digest=3000".into()));
+        }
+    });
+    let leader = cluster.wait_leader().await;
+    let via = if leader == 3 { 1 } else { leader };
+    let c = cluster.client();
+    create(&c, every_job("first", "g", 3_600_000))
+        .await
+        .unwrap();
+    let first = cluster.wait_converged(via, &[1, 2, 3]).await[0].applied_index;
+
+    // Node 3 applies a new entry; its fresh digest takes 3 s each time,
+    // and a digest as costly is reused for four times that.
+    create(&c, every_job("second", "g", 3_600_000))
+        .await
+        .unwrap();
+    let stale_answers = std::cell::Cell::new(0);
+    wait_for(
+        "node 3's digest of the new entry",
+        Duration::from_secs(90),
+        || async {
+            let s = cluster.status_via(via).await?;
+            let n3 = s.nodes.iter().find(|n| n.id == 3)?.clone();
+            assert!(
+                matches!(n3.role.as_str(), "leader" | "follower"),
+                "a member hashing its state is reachable: {s:?}"
+            );
+            assert!(n3.digest_index <= n3.applied_index, "{n3:?}");
+            if n3.applied_index > first && n3.digest_index < n3.applied_index {
+                assert!(!n3.state_digest.is_empty(), "{n3:?}");
+                stale_answers.set(stale_answers.get() + 1);
+            }
+            (n3.applied_index > first && kairos_tests::digested(&n3)).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        stale_answers.get() > 0,
+        "the first status after node 3 applied the entry came before a 3 s hash of it"
+    );
+    let nodes = cluster.wait_converged(via, &[1, 2, 3]).await;
+    let d = &nodes[0].state_digest;
+    assert!(
+        nodes.iter().all(|n| &n.state_digest == d),
+        "digests differ at the same index: {nodes:?}"
+    );
 }

@@ -1,5 +1,5 @@
-//! Checker `replicas-agree`: reachable replicas at the same applied index
-//! report the same state digest, and a replica's fire records are a subset of
+//! Checker `replicas-agree`: reachable replicas' state digests of the same
+//! applied index are equal, and a replica's fire records are a subset of
 //! those of any replica read at a later-or-equal state, with the same fire
 //! time (runs are only ever added, by applying the one shared log). Each node's
 //! records were listed between two status reads (`applied_index` ..
@@ -28,17 +28,7 @@ pub fn check(h: &History) -> CheckResult {
                 (b, a)
             };
             r.add("pairs", 1);
-            if lo.applied_index == hi.applied_index {
-                r.add("digest_pairs", 1);
-                if lo.state_digest != hi.state_digest || lo.state_digest.is_empty() {
-                    r.flag(
-                        "digest_mismatches",
-                        json!({"applied_index": lo.applied_index,
-                               "nodes": [lo.node, hi.node],
-                               "digests": [lo.state_digest, hi.state_digest]}),
-                    );
-                }
-            }
+            compare_digests(&mut r, lo, hi);
             let (a_lo, a_hi) = window(lo);
             let (b_lo, b_hi) = window(hi);
             if a_hi <= b_lo {
@@ -49,6 +39,38 @@ pub fn check(h: &History) -> CheckResult {
         }
     }
     r
+}
+
+/// The index `f`'s digest reflects (a history from before `digest_index`
+/// has its digests at `applied_index`).
+fn digest_index(f: &FinalNode) -> u64 {
+    if f.digest_index == 0 {
+        f.applied_index
+    } else {
+        f.digest_index
+    }
+}
+
+/// Two digests of one index must be equal. A node without a digest yet
+/// (its first still hashing when its status was read) is counted, not
+/// compared.
+fn compare_digests(r: &mut CheckResult, a: &FinalNode, b: &FinalNode) {
+    if a.state_digest.is_empty() || b.state_digest.is_empty() {
+        r.add("digests_missing", 1);
+        return;
+    }
+    if digest_index(a) != digest_index(b) {
+        return;
+    }
+    r.add("digest_pairs", 1);
+    if a.state_digest != b.state_digest {
+        r.flag(
+            "digest_mismatches",
+            json!({"digest_index": digest_index(a),
+                   "nodes": [a.node, b.node],
+                   "digests": [a.state_digest, b.state_digest]}),
+        );
+    }
 }
 
 /// The applied indexes between which a node's lists were read.
@@ -133,6 +155,44 @@ mod tests {
     }
 
     #[test]
+    fn digests_are_compared_at_their_own_index_not_the_applied_one() {
+        let mut ev = healthy_history();
+        // Node 3 answered with the digest of an older index than it applied.
+        edit_finals(&mut ev, |f| {
+            if f.node == 3 {
+                f.digest_index = 90;
+                f.state_digest = "older".into();
+            }
+        });
+        let r = check_events(ev.clone());
+        assert!(r.valid, "{r:?}");
+        assert_eq!(r.counts["digest_pairs"], 1);
+        // Node 2's digest of that same older index differs: flagged.
+        edit_finals(&mut ev, |f| {
+            if f.node == 2 {
+                f.digest_index = 90;
+                f.state_digest = "other".into();
+            }
+        });
+        let r = check_events(ev);
+        assert_eq!(r.counts["digest_mismatches"], 1, "{r:?}");
+    }
+
+    #[test]
+    fn a_node_without_a_digest_yet_is_not_compared() {
+        let mut ev = healthy_history();
+        edit_finals(&mut ev, |f| {
+            if f.node == 2 {
+                f.state_digest.clear();
+            }
+        });
+        let r = check_events(ev);
+        assert!(r.valid, "{r:?}");
+        assert_eq!(r.counts["digests_missing"], 2);
+        assert_eq!(r.counts["digest_pairs"], 1);
+    }
+
+    #[test]
     fn records_read_while_the_state_moved_are_not_compared() {
         let mut ev = healthy_history();
         edit_finals(&mut ev, |f| {
@@ -152,6 +212,7 @@ mod tests {
         edit_finals(&mut ev, |f| {
             if f.node == 3 {
                 f.applied_index = 90;
+                f.digest_index = 90;
                 f.state_digest = "older".into();
                 f.runs.pop();
             }

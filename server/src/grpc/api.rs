@@ -898,6 +898,8 @@ impl pb::cluster_server::Cluster for Api {
                             addr,
                             role: s.role,
                             applied_index: s.applied_index,
+                            // A release before it hashed at `applied_index`.
+                            digest_index: s.digest_index.unwrap_or(s.applied_index),
                             state_digest: s.state_digest,
                             term: s.term,
                             clock_offset_ms,

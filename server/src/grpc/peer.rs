@@ -203,16 +203,24 @@ pub async fn ask_elect(
     }
 }
 
-/// This node's status; with `digest`, a SHA-256 of its whole state (which
-/// takes the apply lock for as long as hashing takes: only for operators).
+/// How long a status call waits for a fresh state digest before it
+/// answers with the last one: well inside the 2 s a peer's status is given
+/// (`Node::peer_status`), so a node hashing a large state is not reported
+/// unreachable.
+pub const DIGEST_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// This node's status; with `digest`, a SHA-256 of its whole state, hashed
+/// from a point-in-time read while apply goes on, as fresh as
+/// [`DIGEST_BUDGET`] allows (`StateMachine::digest_within`).
 pub async fn local_status(node: &Node, digest: bool) -> LocalStatusResponse {
-    let m = node.raft.metrics().borrow().clone();
-    let (applied_index, state_digest) = if digest {
-        node.sm.digest().await
+    let (digest_index, state_digest) = if digest {
+        node.sm.digest_within(DIGEST_BUDGET).await
     } else {
-        let applied = node.sm.last_applied().map_or(0, |l| l.index);
-        (applied, String::new())
+        (0, String::new())
     };
+    // Read after the digest: the digest's index is this one or older.
+    let m = node.raft.metrics().borrow().clone();
+    let applied_index = node.sm.last_applied().map_or(0, |l| l.index);
     let role = match m.state {
         openraft::ServerState::Leader => "leader",
         openraft::ServerState::Follower => "follower",
@@ -232,5 +240,6 @@ pub async fn local_status(node: &Node, digest: bool) -> LocalStatusResponse {
         log_format_max: crate::core::command::LOG_FORMAT,
         refusal: node.sm.refusal().unwrap_or_default(),
         log_format: node.sm.log_format(),
+        digest_index: digest.then_some(digest_index),
     }
 }

@@ -498,6 +498,10 @@ struct Inner {
     last_digest: parking_lot::Mutex<Option<TakenDigest>>,
     /// Digests computed since open (each a pass over the whole state).
     digests_taken: AtomicU64,
+    /// A digest is being taken for `digest_within` (one at a time).
+    digest_running: std::sync::atomic::AtomicBool,
+    /// Counts the digests `digest_within` started that have ended.
+    digest_ended: tokio::sync::watch::Sender<u64>,
     /// The last snapshot this node built since open: when it ended and
     /// how long it took (`raft::snapshots` spaces builds out by it).
     last_build: parking_lot::Mutex<Option<Built>>,
@@ -598,6 +602,8 @@ impl StateMachine {
             refusal: std::sync::Mutex::default(),
             last_digest: parking_lot::Mutex::new(None),
             digests_taken: AtomicU64::new(0),
+            digest_running: Default::default(),
+            digest_ended: tokio::sync::watch::Sender::new(0),
             last_build: parking_lot::Mutex::new(None),
             #[cfg(test)]
             redo_stop: std::sync::atomic::AtomicUsize::new(usize::MAX),
@@ -954,6 +960,40 @@ impl StateMachine {
             took,
         });
         (index, hex)
+    }
+
+    /// The newest digest this node can give within `budget`, with the
+    /// index it reflects: a fresh one (as [`Self::digest`] would answer)
+    /// if it is ready by then, else the last one taken, of an older index
+    /// (`(0, "")` before the first). A hash not done within the budget goes
+    /// on in the background, for a later caller; one runs at a time. So a
+    /// status call answers promptly however large the state: hashing ten
+    /// million timers takes half a minute (BENCHMARKS.md).
+    pub async fn digest_within(&self, budget: std::time::Duration) -> (u64, String) {
+        let mut ended = self.inner.digest_ended.subscribe();
+        if !self.inner.digest_running.swap(true, Ordering::AcqRel) {
+            // Ends the run however the task ends (a panic, a runtime shut down).
+            struct Running(StateMachine);
+            impl Drop for Running {
+                fn drop(&mut self) {
+                    self.0.inner.digest_running.store(false, Ordering::Release);
+                    self.0.inner.digest_ended.send_modify(|n| *n += 1);
+                }
+            }
+            let running = Running(self.clone());
+            tokio::spawn(async move {
+                let (index, hex) = running.0.digest().await;
+                if hex.starts_with("error:") {
+                    tracing::warn!(index, %hex, "state digest failed");
+                }
+                drop(running);
+            });
+        }
+        // An error or elapsed budget both leave the last digest taken.
+        let _ = tokio::time::timeout(budget, ended.changed()).await;
+        let last = self.inner.last_digest.lock();
+        last.as_ref()
+            .map_or((0, String::new()), |d| (d.index, d.hex.clone()))
     }
 
     /// Pins sled for a point-in-time read: the open window is sealed (at
@@ -1586,6 +1626,9 @@ impl Pinned {
 
     /// SHA-256 over every state pair in key order.
     fn hash(&self) -> std::io::Result<String> {
+        if let Some(ms) = crate::failpoint::value("slow-digest") {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
         let mut h = Sha256::new();
         self.for_each(&mut |k, v| {
             h.update((k.len() as u64).to_be_bytes());

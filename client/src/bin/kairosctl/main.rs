@@ -1385,6 +1385,19 @@ fn print_value(out: Output, v: Value, text: &str) {
     }
 }
 
+/// A node's digest, shortened; with its index when older than the one it
+/// applied (a fresh digest was still hashing), "-" before its first.
+fn digest_cell(n: &pb::NodeStatus) -> String {
+    let d = n.state_digest.get(..16).unwrap_or(&n.state_digest);
+    if d.is_empty() {
+        "-".into()
+    } else if n.digest_index != n.applied_index {
+        format!("{d} (at {})", n.digest_index)
+    } else {
+        d.to_string()
+    }
+}
+
 async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
     let s = c.status().await?;
     if out == Output::Json {
@@ -1393,7 +1406,7 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
             .iter()
             .map(|n| json!({"id": n.id, "addr": n.addr, "peer_addr": n.peer_addr, "role": n.role,
                             "voter": n.voter, "lag": n.lag, "applied_index": n.applied_index,
-                            "state_digest": n.state_digest, "term": n.term, "clock_offset_ms": n.clock_offset_ms,
+                            "state_digest": n.state_digest, "digest_index": n.digest_index, "term": n.term, "clock_offset_ms": n.clock_offset_ms,
                             "tzdata": n.tzdata, "log_format_max": n.log_format_max, "refusal": n.refusal}))
             .collect();
         println!(
@@ -1413,7 +1426,7 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
     }
     let rows = (s.nodes.iter())
         .map(|n| {
-            let d = n.state_digest.get(..16).unwrap_or(&n.state_digest);
+            let d = digest_cell(n);
             let member = if n.voter { "voter" } else { "learner" };
             vec![
                 n.id.to_string(),
@@ -1425,7 +1438,7 @@ async fn cluster_status(c: &Client, out: Output) -> anyhow::Result<()> {
                 n.applied_index.to_string(),
                 n.term.to_string(),
                 n.clock_offset_ms.to_string(),
-                d.to_string(),
+                d,
             ]
         })
         .collect();
