@@ -905,6 +905,9 @@ async fn bootstrap(node: Arc<Node>, peers: BTreeMap<NodeId, String>) {
                     );
                     return;
                 }
+                // Its first digest is still hashing (a large restored
+                // state): not a difference, ask again.
+                Ok(s) if s.get_ref().state_digest.is_empty() => all = false,
                 Ok(s) if s.get_ref().state_digest != ours => {
                     all = false;
                     if !warned.insert(*id) {
