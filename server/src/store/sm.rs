@@ -508,6 +508,9 @@ struct Inner {
     /// Tests: a flush through the redo record stops after this many pairs.
     #[cfg(test)]
     redo_stop: std::sync::atomic::AtomicUsize,
+    /// Tests: each digest's hash takes this many milliseconds longer.
+    #[cfg(test)]
+    hash_delay_ms: AtomicU64,
 }
 
 /// A state digest and when, at which index and how fast it was taken.
@@ -607,6 +610,8 @@ impl StateMachine {
             last_build: parking_lot::Mutex::new(None),
             #[cfg(test)]
             redo_stop: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            #[cfg(test)]
+            hash_delay_ms: AtomicU64::new(0),
         };
         let sm = StateMachine {
             inner: Arc::new(inner),
@@ -1626,7 +1631,11 @@ impl Pinned {
 
     /// SHA-256 over every state pair in key order.
     fn hash(&self) -> std::io::Result<String> {
-        if let Some(ms) = crate::failpoint::value("slow-digest") {
+        #[cfg(test)]
+        let delay = Some(self.sm.inner.hash_delay_ms.load(Ordering::Relaxed));
+        #[cfg(not(test))]
+        let delay = crate::failpoint::value("slow-digest");
+        if let Some(ms) = delay {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         let mut h = Sha256::new();
@@ -2175,6 +2184,42 @@ mod tests {
         assert_eq!(index, 4);
         assert_ne!(second, first);
         assert_eq!(sm.inner.digests_taken.load(Ordering::Relaxed), 2);
+    }
+
+    /// A caller that cannot wait for a hash (a status, bounded by its
+    /// peer's timeout) gets the last digest with the index it is of; the
+    /// hash goes on, one at a time, and a later caller gets it.
+    #[tokio::test]
+    async fn a_digest_not_ready_within_the_budget_is_answered_with_the_last_one_and_its_index() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open_windowed(dir.path());
+        sm.apply((1..=3).map(create)).await.unwrap();
+        // Under `DIGEST_CHEAP`: a digest is taken again once anything was applied.
+        sm.inner.hash_delay_ms.store(50, Ordering::Relaxed);
+        assert_eq!(
+            sm.digest_within(Duration::ZERO).await,
+            (0, String::new()),
+            "none taken yet"
+        );
+        // This caller waits for the hash the first one started.
+        let (index, first) = sm.digest_within(Duration::from_secs(60)).await;
+        assert_eq!(index, 3);
+        assert_eq!(first.len(), 64, "{first}");
+        assert_eq!(sm.inner.digests_taken.load(Ordering::Relaxed), 1);
+
+        sm.apply([create(4)]).await.unwrap();
+        assert_eq!(
+            sm.digest_within(Duration::ZERO).await,
+            (3, first.clone()),
+            "the last digest, of the index it was taken at"
+        );
+        let (index, second) = sm.digest_within(Duration::from_secs(60)).await;
+        assert_eq!(index, 4);
+        assert_ne!(second, first);
+        assert_eq!(sm.inner.digests_taken.load(Ordering::Relaxed), 2);
+        // The same as a caller that waits for it.
+        assert_eq!(sm.digest().await, (4, second));
     }
 
     #[tokio::test]
