@@ -316,6 +316,7 @@ pub fn status(s: &pb::StatusResponse) -> Json {
                 ("voter", n.voter.into()),
                 ("applied_index", n.applied_index.into()),
                 ("state_digest", (&n.state_digest).into()),
+                ("digest_index", n.digest_index.into()),
                 ("term", n.term.into()),
                 ("clock_offset_ms", n.clock_offset_ms.into()),
                 ("lag", n.lag.into()),

@@ -69,7 +69,9 @@ async function clusterPage() {
     el("td", { class: "mono" }, n.addr),
     el("td", { class: "applied" }, n.applied_index),
     el("td", {}, n.term),
-    el("td", { class: "mono digest", title: n.state_digest }, (n.state_digest || "-").slice(0, 16)),
+    el("td", { class: "mono digest", title: n.state_digest },
+      (n.state_digest || "-").slice(0, 16) +
+      (n.state_digest && n.digest_index !== n.applied_index ? " (at " + n.digest_index + ")" : "")),
     el("td", { class: "skew" }, n.clock_offset_ms + " ms"),
     el("td", {}, n.lag),
     el("td", {}, n.tzdata || "-"),
