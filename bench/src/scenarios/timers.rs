@@ -3,8 +3,10 @@
 //! on its own connection with `--pipeline` calls in flight, each creating one
 //! timer (`CreateJob`) or `--batch` of them (`CreateJobs`). Reports the create rate, RSS per node before and
 //! after (bytes per pending timer), on-disk bytes per timer (`du` of the data
-//! directories), and the time a SIGKILLed follower takes after restart to
-//! serve again (/readyz 200 and Cluster.Status through it) and to catch up.
+//! directories), how long after the last create every replica had applied
+//! them all (`followers_caught_up_ms`), and the time a SIGKILLed follower
+//! takes after restart to serve again (/readyz 200 and Cluster.Status
+//! through it) and to catch up.
 //! `--duration` bounds the creation phase (default 20 min).
 
 use std::time::{Duration, Instant};
@@ -65,8 +67,16 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
         // Not a refusal (those are counted apart): the call itself is broken.
         r.fail(format!("{} creates failed, the first with {e}", cs.failed));
     }
+    // How long after the last create every replica has applied it all.
+    let waited = Instant::now();
     let caught_up = load::wait_applied_equal(&clients[0], Duration::from_secs(120)).await;
     r.set("followers_caught_up", caught_up);
+    if caught_up {
+        r.set(
+            "followers_caught_up_ms",
+            waited.elapsed().as_millis() as u64,
+        );
+    }
     tokio::time::sleep(SETTLE).await;
     let n = (cs.ok + cs.existed).max(1) as f64;
     let (rss1, disk1) = (t.samples(), t.disk());
