@@ -470,9 +470,10 @@ impl Cluster {
         .await;
     }
 
-    /// Waits until every listed node reports the same applied index, with
-    /// a digest of it (a status answers with an older digest while a fresh
-    /// one takes longer than its bound), and returns the statuses.
+    /// Waits until every listed node reports a digest of one and the same
+    /// index (`digest_index`: a status answers with an older digest while a
+    /// fresh one takes longer than its bound, and jobs may go on firing),
+    /// and returns the statuses: their digests are comparable.
     pub async fn wait_converged(&self, via: u64, ids: &[u64]) -> Vec<pb::NodeStatus> {
         wait_for("replicas to converge", Duration::from_secs(60), || async {
             let s = self.status_via(via).await?;
@@ -481,11 +482,11 @@ impl Cluster {
                 .into_iter()
                 .filter(|n| ids.contains(&n.id))
                 .collect();
-            let first = nodes.first()?.applied_index;
+            let first = nodes.first()?.digest_index;
             let same = nodes.len() == ids.len()
-                && nodes
-                    .iter()
-                    .all(|n| n.applied_index == first && n.role != "unreachable" && digested(n));
+                && nodes.iter().all(|n| {
+                    n.digest_index == first && n.role != "unreachable" && !n.state_digest.is_empty()
+                });
             same.then_some(nodes)
         })
         .await

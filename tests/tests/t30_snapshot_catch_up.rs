@@ -150,7 +150,7 @@ async fn status_does_not_wait_for_a_slow_digest() {
     create(&c, every_job("first", "g", 3_600_000))
         .await
         .unwrap();
-    let first = cluster.wait_converged(via, &[1, 2, 3]).await[0].applied_index;
+    let first = cluster.wait_converged(via, &[1, 2, 3]).await[0].digest_index;
 
     // Node 3 applies a new entry; its fresh digest takes 3 s each time,
     // and a digest as costly is reused for four times that.
