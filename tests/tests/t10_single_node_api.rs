@@ -213,7 +213,7 @@ async fn bad_input_is_refused_with_the_field_named_and_writes_nothing() {
     }
     // Refusals changed no state: only the one good create moved the digest.
     assert_ne!(before.state_digest, after_create.state_digest);
-    let end = cluster.status_digested(1).await.nodes[0].clone();
+    let end = cluster.status_via(1).await.unwrap().nodes[0].clone();
     let list = c
         .jobs(|mut j| async move { j.list_jobs(pb::ListJobsRequest::default()).await })
         .await
