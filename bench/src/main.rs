@@ -99,6 +99,12 @@ pub struct Opts {
     /// Interval of the interval jobs in `throughput`, `failover` and `rolling-restart` (ms).
     #[arg(long)]
     pub every_ms: Option<u64>,
+    /// throughput, seed-10k: each job's `keep_runs` (1..=100000; the
+    /// server's default, 10,000, if unset). Below the run's fires per job,
+    /// every fire past it also deletes the job's oldest run, as on a
+    /// cluster that has run for hours: the steady state.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub keep_runs: Option<u64>,
     /// seed-10k: period of the boundary group in seconds (60 = every minute; must divide 60).
     #[arg(long, default_value_t = 60)]
     pub period_s: u64,

@@ -43,6 +43,9 @@ struct Args {
     seconds: u64,
     tick_ms: i64,
     flush_ms: u64,
+    /// Each job's `keep_runs`: below `--seconds`, every fire past it also
+    /// deletes the job's oldest run, as on a cluster that has run for long.
+    keep_runs: u64,
 }
 
 fn args() -> Result<Args, String> {
@@ -51,6 +54,7 @@ fn args() -> Result<Args, String> {
         seconds: 20,
         tick_ms: 10,
         flush_ms: sm::FLUSH_MS_DEFAULT,
+        keep_runs: Policy::default().keep_runs,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -63,7 +67,8 @@ fn args() -> Result<Args, String> {
             "--seconds" if (1..=3_600).contains(&n) => a.seconds = n,
             "--tick-ms" if (1..=1_000).contains(&n) => a.tick_ms = n as i64,
             "--flush-ms" if n <= sm::FLUSH_MS_MAX => a.flush_ms = n,
-            "--jobs" | "--seconds" | "--tick-ms" | "--flush-ms" => {
+            "--keep-runs" if (1..=100_000).contains(&n) => a.keep_runs = n,
+            "--jobs" | "--seconds" | "--tick-ms" | "--flush-ms" | "--keep-runs" => {
                 return Err(format!("{flag}: {n} is out of range"))
             }
             _ => return Err(format!("unknown flag {flag}")),
@@ -87,13 +92,16 @@ impl Log {
     }
 }
 
-fn spec(i: u64) -> JobSpec {
+fn spec(i: u64, keep_runs: u64) -> JobSpec {
     JobSpec {
         id: format!("bench-{i:07}"),
         schedule: ScheduleInput::Every { every_ms: 1000 },
         group: "bench".into(),
         payload: b"{\"task\":\"sync\"}".to_vec(),
-        policy: Policy::default(),
+        policy: Policy {
+            keep_runs,
+            ..Policy::default()
+        },
         bounds: Default::default(),
         labels: Default::default(),
         workflow: None,
@@ -133,7 +141,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|i| {
             let now_ms = base + (i * 1000 / a.jobs) as i64;
             log.entry(Command::CreateJob {
-                spec: spec(i),
+                spec: spec(i, a.keep_runs),
                 now_ms,
             })
         })

@@ -63,9 +63,13 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
         "seed-10k: creating {n_b} boundary jobs and {} half-period jobs",
         count - n_b
     );
-    let specs = (0..count).map(|i| match i < n_b {
-        true => spec(format!("seed-b-{i}"), GROUP, cron(boundary_expr(period))),
-        false => spec(format!("seed-h-{i}"), GROUP, cron(half_expr(i, period))),
+    let specs = (0..count).map(|i| {
+        let mut s = match i < n_b {
+            true => spec(format!("seed-b-{i}"), GROUP, cron(boundary_expr(period))),
+            false => spec(format!("seed-h-{i}"), GROUP, cron(half_expr(i, period))),
+        };
+        s.keep_runs = o.keep_runs.unwrap_or_default();
+        s
     });
     let cs = create_jobs(
         &clients,
@@ -92,6 +96,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     r.set("jobs", count);
     r.set("boundary_jobs", n_b);
     r.set("period_s", period);
+    r.set("keep_runs", o.keep_runs.unwrap_or(0));
     r.set("duration_s", dur.as_secs_f64());
     r.set("jobs_created_per_s", cs.per_s());
     r.set("create_failures", cs.failed);

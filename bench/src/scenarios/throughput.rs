@@ -38,7 +38,11 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     let workers = Workers::start(&t.endpoints, GROUP, o.workers, o.capacity);
     let clients = Arc::new(load::clients(&t.endpoints, o.clients).await?);
     eprintln!("throughput: creating {n_jobs} interval jobs every {every} ms");
-    let specs = (0..n_jobs).map(|i| spec(format!("tp-{i}"), GROUP, Kind::EveryMs(every)));
+    let specs = (0..n_jobs).map(|i| {
+        let mut s = spec(format!("tp-{i}"), GROUP, Kind::EveryMs(every));
+        s.keep_runs = o.keep_runs.unwrap_or_default();
+        s
+    });
     let cs = create_jobs(
         &clients,
         specs,
@@ -62,6 +66,7 @@ pub async fn run(o: &Opts) -> anyhow::Result<Report> {
     r.set("duration_s", dur.as_secs_f64());
     r.set("interval_jobs", n_jobs);
     r.set("every_ms", every);
+    r.set("keep_runs", o.keep_runs.unwrap_or(0));
     r.set("jobs_created_per_s", cs.per_s());
     r.set("create_failures", cs.failed);
     r.set("creates_refused_after_retries", cs.refused);

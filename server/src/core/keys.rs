@@ -308,6 +308,20 @@ pub fn split_run_key(key: &[u8]) -> Option<(&[u8], &[u8])> {
     (key[0] == RUN && key.len() == at + 12).then(|| key.split_at(at))
 }
 
+/// [`split_run_key`] for a run record's key or either of the keys beside
+/// it ([`run_inputs`], [`run_backfill`]): the prefix includes the key
+/// space, so one job's keys of each space form their own range.
+pub fn split_run_side_key(key: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = 2 + *key.get(1)? as usize;
+    let space = matches!(key[0], RUN | RUN_INPUTS | RUN_BACKFILL);
+    (space && key.len() == at + 12).then(|| key.split_at(at))
+}
+
+/// Whether `prefix` is one job's [`runs_of`] prefix, whole.
+pub fn is_runs_of(prefix: &[u8]) -> bool {
+    matches!(prefix, [RUN, len, ..] if prefix.len() == 2 + *len as usize)
+}
+
 /// Prefix of the active runs of `job`.
 pub fn active_of(job: &str) -> Vec<u8> {
     run_prefix_with(ACTIVE, job)
@@ -375,6 +389,16 @@ mod tests {
         let r1 = run(&RunId::new("a", 10));
         let r2 = run(&RunId::new("a", 20));
         let other = run(&RunId::new("ab", 15));
+        assert!(is_runs_of(&runs_of("ab")));
+        let id = RunId::new("ab", 15);
+        let inputs = run_inputs(&id);
+        let (job, suffix) = split_run_side_key(&inputs).unwrap();
+        assert_eq!(job, &run_prefix_with(RUN_INPUTS, "ab")[..]);
+        assert_eq!(Some(suffix), split_run_key(&other).map(|(_, s)| s));
+        assert!(split_run_side_key(&run_backfill(&id)).is_some());
+        assert_eq!(split_run_side_key(&active(&id)), None);
+        assert!(!is_runs_of(&r1) && !is_runs_of(&runs_of("ab")[..3]));
+        assert!(!is_runs_of(&active_of("ab")));
         assert!(r1 < r2);
         assert!(r1.starts_with(&runs_of("a")) && r2.starts_with(&runs_of("a")));
         assert!(!other.starts_with(&runs_of("a")));

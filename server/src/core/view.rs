@@ -166,7 +166,9 @@ impl<'a, V: StateView + ?Sized> Overlay<'a, V> {
     }
 }
 
-/// Smallest page of base rows one range read pulls at a time.
+/// Pending deletions a range read counts, at most, to size its first
+/// page of base rows; and the smallest page it pulls after a page that
+/// came back short of what it needed.
 const PAGE_MIN: usize = 64;
 
 impl<V: StateView + ?Sized> StateView for Overlay<'_, V> {
@@ -203,6 +205,13 @@ impl<V: StateView + ?Sized> StateView for Layered<'_, V> {
     /// Merges base pages with the pending writes in key order, lazily: the
     /// work is for the rows returned (plus base rows hidden by deletions),
     /// not for every pending write in the range.
+    ///
+    /// A page asks the base for the rows still wanted plus the pending
+    /// deletions that may hide some (counted up to [`PAGE_MIN`]), so a
+    /// short read, such as a job's two oldest runs when a fire trims its
+    /// history, asks the base for a few rows, which the store's run heads
+    /// can answer (`store::sm::RunHeads`). A page that still comes back
+    /// short is followed by ones at least twice its size.
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
         use std::ops::Bound::{Excluded, Included};
         let mut out = Vec::new();
@@ -214,8 +223,15 @@ impl<V: StateView + ?Sized> StateView for Layered<'_, V> {
             .range::<[u8], _>((Included(start), Excluded(end)))
             .peekable();
         let mut from = start.to_vec();
+        let mut next_min = 0usize;
         'pages: loop {
-            let want = (limit - out.len()).max(PAGE_MIN);
+            let hidden = pending
+                .clone()
+                .take(PAGE_MIN)
+                .filter(|(_, v)| v.is_none())
+                .count();
+            let want = (limit - out.len()).saturating_add(hidden).max(next_min);
+            next_min = want.saturating_mul(2).max(PAGE_MIN);
             let page = self.base.range(&from, end, want);
             let last_page = page.len() < want;
             for (k, v) in page {
@@ -341,19 +357,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_short_range_read_does_work_for_its_limit_not_for_all_pending_writes() {
-        let key = |i: u32| [b"k".as_slice(), &i.to_be_bytes()].concat();
+    fn key(i: u32) -> Vec<u8> {
+        [b"k".as_slice(), &i.to_be_bytes()].concat()
+    }
+
+    /// Keys 0..1000 (`key`), each holding `[1]`, counting the rows read.
+    fn thousand_rows() -> Counting {
         let mut base = MemView::default();
         base.write(
             &(0..1000)
                 .map(|i| Write::Put(key(i), vec![1]))
                 .collect::<Vec<_>>(),
         );
-        let base = Counting {
+        Counting {
             base,
             rows: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_short_range_read_does_work_for_its_limit_not_for_all_pending_writes() {
+        let base = thousand_rows();
         let mut o = Overlay::new(&base);
         for i in 1000..3000 {
             o.put(key(i), vec![2]);
@@ -362,9 +386,10 @@ mod tests {
         o.delete(key(1));
         let got = o.range(b"k", b"l", 2);
         assert_eq!(got, vec![(key(2), vec![1]), (key(3), vec![1])]);
-        assert!(
-            base.rows.get() <= 2 + 2 + PAGE_MIN,
-            "read {} base rows for 2",
+        assert_eq!(
+            base.rows.get(),
+            4,
+            "2 rows wanted and 2 hidden by deletions: read {} base rows",
             base.rows.get()
         );
         // Deletions, pending puts and base rows still merge in key order.
@@ -374,5 +399,34 @@ mod tests {
         assert_eq!(all[997], (key(999), vec![1]));
         assert_eq!(all[998], (key(1000), vec![2]));
         assert_eq!(o.range(b"k", b"l", 0), vec![]);
+    }
+
+    #[test]
+    fn more_deletions_than_a_first_page_counts_are_read_past_in_growing_pages() {
+        let base = thousand_rows();
+        let mut o = Overlay::new(&base);
+        // Far more than PAGE_MIN hidden before the first row left.
+        for i in 0..300 {
+            o.delete(key(i));
+        }
+        o.put(key(301), vec![2]);
+        let got = o.range(b"k", b"l", 3);
+        assert_eq!(
+            got,
+            vec![
+                (key(300), vec![1]),
+                (key(301), vec![2]),
+                (key(302), vec![1])
+            ]
+        );
+        // Pages of 3 + 64, then at least twice the last: 67, 134, 268.
+        assert!(
+            base.rows.get() <= 67 + 134 + 268,
+            "read {} base rows",
+            base.rows.get()
+        );
+        let all = o.range(b"k", b"l", usize::MAX);
+        assert_eq!(all.len(), 700);
+        assert_eq!(all[0].0, key(300));
     }
 }

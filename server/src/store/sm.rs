@@ -98,6 +98,9 @@ struct Stack<'a> {
     /// With the base sled itself and all of [`Dirty`]'s windows: run keys
     /// the bounds show sled cannot hold are not looked up there.
     runs: Option<(&'a RunBounds, &'a dyn KvTree)>,
+    /// With all of [`Dirty`]'s windows: the oldest runs of jobs whose
+    /// history a fire trims, kept from one read to the next.
+    heads: Option<&'a RunHeads>,
 }
 
 impl<'a> Stack<'a> {
@@ -106,16 +109,28 @@ impl<'a> Stack<'a> {
             layers,
             base,
             runs: None,
+            heads: None,
         }
     }
 
     /// `Dirty`'s windows (all of them, as [`Dirty::layers`] gives them)
-    /// over sled, with its run bounds.
-    fn of_dirty(layers: &'a [&'a Pending], base: &'a TreeView<'a>, runs: &'a RunBounds) -> Self {
+    /// over sled, with its run bounds and run heads.
+    fn of_dirty(layers: &'a [&'a Pending], base: &'a TreeView<'a>, dirty: &'a Dirty) -> Self {
         Stack {
             layers,
             base,
-            runs: Some((runs, base.0)),
+            runs: Some((&dirty.runs, base.0)),
+            heads: Some(&dirty.heads),
+        }
+    }
+
+    /// [`StateView::range`] without the run heads.
+    fn read_range(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+        match self.layers.split_last() {
+            None => self.base.range(start, end, limit),
+            Some((newest, older)) => {
+                Layered::new(newest, &Stack::new(older, self.base)).range(start, end, limit)
+            }
         }
     }
 }
@@ -130,11 +145,10 @@ impl StateView for Stack<'_> {
     }
 
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-        match self.layers.split_last() {
-            None => self.base.range(start, end, limit),
-            Some((newest, older)) => {
-                Layered::new(newest, &Stack::new(older, self.base)).range(start, end, limit)
-            }
+        let read = |n| self.read_range(start, end, n);
+        match self.heads.and_then(|h| h.range(start, end, limit, read)) {
+            Some(rows) => rows,
+            None => self.read_range(start, end, limit),
         }
     }
 }
@@ -237,13 +251,19 @@ struct Dirty {
     /// What run keys sled can hold, for apply's reads: reset with the rest
     /// when a snapshot replaces the state.
     runs: RunBounds,
+    /// The oldest runs of jobs, for apply's reads: reset likewise.
+    heads: RunHeads,
 }
 
 /// Bounds on the run keys in sled, by job, so apply need not ask sled for a
 /// run it cannot hold. Every fire looks up its occurrence's run first (a
 /// manual trigger at the same instant may have made it) and nearly always
 /// finds none, which cost a sled lookup per fire on every node: 7-8 % of a
-/// follower's CPU at saturation (BENCHMARKS.md, nineteenth pass).
+/// follower's CPU at saturation (BENCHMARKS.md, nineteenth pass). The
+/// keys beside a run (a workflow run's inputs, a backfilled run's range)
+/// are bounded the same way, each space on its own: a fire that trims its
+/// job's history deletes those of the oldest run if present, and most
+/// jobs have none (twenty-ninth pass).
 ///
 /// A job's bound is the greatest (scheduled time, shard) suffix among its
 /// run keys in sled and in the windows, taken from both the first time the
@@ -264,7 +284,7 @@ impl RunBounds {
     /// above its job's bound, so that sled cannot hold it. `layers` are all
     /// of `Dirty`'s windows.
     fn beyond(&self, key: &[u8], layers: &[&Pending], tree: &dyn KvTree) -> bool {
-        let Some((job, suffix)) = keys::split_run_key(key) else {
+        let Some((job, suffix)) = keys::split_run_side_key(key) else {
             return false;
         };
         let mut bounds = self.0.lock();
@@ -299,13 +319,146 @@ impl RunBounds {
             return;
         }
         for (k, v) in net {
-            let Some((job, suffix)) = v.as_ref().and_then(|_| keys::split_run_key(k)) else {
+            let Some((job, suffix)) = v.as_ref().and_then(|_| keys::split_run_side_key(k)) else {
                 continue;
             };
             if let Some(bound) = bounds.get_mut(job) {
                 if suffix > bound.as_slice() {
                     *bound = suffix.to_vec();
                 }
+            }
+        }
+    }
+}
+
+/// Rows a job's head keeps: a fire past its job's `keep_runs` reads the
+/// two oldest runs (the one it deletes and the next), so one read of a
+/// head serves five fires.
+const HEAD_ROWS: usize = 6;
+/// Bytes of keys and values all heads keep, past which they are dropped
+/// and taken again: about 35,000 jobs' heads of runs of 150 bytes.
+const HEADS_BYTES: usize = 32 << 20;
+
+/// The oldest run records of jobs, as the windows over sled read them, so
+/// that a fire trimming its job's history need not read them again.
+///
+/// At steady state, when a job's history has reached its `keep_runs`,
+/// every fire deletes the job's oldest run, and finding it took a range
+/// read through every window and sled (a sled iterator copies a whole
+/// node) and its run's decoding: 56 % more apply CPU per fire than before
+/// the histories filled (BENCHMARKS.md, twenty-ninth pass).
+///
+/// A head is taken by a read of the first rows of a job's runs (the whole
+/// [`keys::runs_of`] range, at most [`HEAD_ROWS`]) and holds every run key
+/// of the job up to its last row's (all of them when `all`), with their
+/// values. Every chunk's net writes are applied to the heads as they are
+/// merged into the open window ([`Dirty::merge`]), which is the only
+/// change to what the windows over sled read (sealing and writing a
+/// window change where a pair is, not its value). So a head always reads
+/// what the windows over sled would; a head emptied, or grown past
+/// [`HEAD_ROWS`], is cut back to what it still knows.
+#[derive(Default)]
+struct RunHeads(parking_lot::Mutex<Heads>);
+
+#[derive(Default)]
+struct Heads {
+    jobs: std::collections::HashMap<Vec<u8>, Head>,
+    bytes: usize,
+}
+
+struct Head {
+    /// In key order.
+    rows: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
+    /// The rows are all the job's runs (else those up to the last row's key).
+    all: bool,
+}
+
+impl Head {
+    fn bytes(&self) -> usize {
+        self.rows.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
+    /// Applies one write of a run key of this job.
+    fn write(&mut self, key: &[u8], value: &Option<Vec<u8>>) {
+        let at = self.rows.binary_search_by(|(k, _)| k.as_slice().cmp(key));
+        match (at, value) {
+            (Ok(i), Some(v)) => self.rows[i].1.clone_from(v),
+            (Ok(i), None) => {
+                self.rows.remove(i);
+            }
+            (Err(i), Some(v)) if i < self.rows.len() || self.all => {
+                self.rows.insert(i, (key.to_vec(), v.clone()));
+                if self.rows.len() > HEAD_ROWS {
+                    self.rows.pop_back();
+                    self.all = false;
+                }
+            }
+            // Past the rows known, or a deletion of a key not held.
+            (Err(_), _) => {}
+        }
+    }
+}
+
+impl RunHeads {
+    /// The first `limit` rows of `[start, end)`, when that is one job's
+    /// whole runs range and `limit` at most [`HEAD_ROWS`]: from the job's
+    /// head, or read with `read` (given a limit) and kept. `None` for any
+    /// other read.
+    fn range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        read: impl FnOnce(usize) -> Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+        if limit > HEAD_ROWS || !keys::is_runs_of(start) || end != keys::prefix_end(start) {
+            return None;
+        }
+        let mut heads = self.0.lock();
+        if let Some(h) = heads
+            .jobs
+            .get(start)
+            .filter(|h| h.all || h.rows.len() >= limit)
+        {
+            return Some(h.rows.iter().take(limit).cloned().collect());
+        }
+        let rows = read(HEAD_ROWS);
+        let out = rows.iter().take(limit).cloned().collect();
+        let head = Head {
+            all: rows.len() < HEAD_ROWS,
+            rows: rows.into(),
+        };
+        if heads.bytes >= HEADS_BYTES {
+            heads.jobs.clear();
+            heads.bytes = 0;
+        }
+        heads.bytes += start.len() + head.bytes();
+        if let Some(old) = heads.jobs.insert(start.to_vec(), head) {
+            heads.bytes -= start.len() + old.bytes();
+        }
+        Some(out)
+    }
+
+    /// Applies a chunk's net writes to the heads kept.
+    fn write(&mut self, net: &Pending) {
+        let heads = self.0.get_mut();
+        if heads.jobs.is_empty() {
+            return;
+        }
+        for (k, v) in net {
+            let Some((job, _)) = keys::split_run_key(k) else {
+                continue;
+            };
+            let Some(head) = heads.jobs.get_mut(job) else {
+                continue;
+            };
+            let before = head.bytes();
+            head.write(k, v);
+            let after = head.bytes();
+            heads.bytes = heads.bytes + after - before;
+            if head.rows.is_empty() && !head.all {
+                heads.jobs.remove(job);
+                heads.bytes -= job.len();
             }
         }
     }
@@ -338,6 +491,7 @@ impl Dirty {
     /// they were found: the one sealed may hold a key put earlier).
     fn merge(&mut self, net: Pending, vanished: Vanished, tree: &dyn StateView) {
         self.runs.raise(&net);
+        self.heads.write(&net);
         for (k, v) in net {
             // One search of the open window per key (it holds up to `FLUSH_KEYS`).
             self.open_bytes += pair_size(&k, &v);
@@ -1166,7 +1320,7 @@ impl StateMachine {
         let dirty = self.inner.dirty.read_recursive();
         let tree = TreeView(&self.inner.tree);
         let layers = dirty.layers();
-        let state = Stack::of_dirty(&layers, &tree, &dirty.runs);
+        let state = Stack::of_dirty(&layers, &tree, &dirty);
         let mut overlay = Overlay::new(&state);
         let mut last = None;
         let room = (self.inner.flush_keys.saturating_sub(dirty.open.len()))
@@ -2425,62 +2579,79 @@ mod tests {
         assert_eq!(reopened.digest().await, want);
     }
 
-    /// One step of a window's life, for the run bounds' property test.
+    /// One step of a window's life, for the run bounds' and heads'
+    /// property test. `key` names a job (`key % 3`) and a key space
+    /// (`key / 3`: its runs, their inputs, their backfills).
     #[derive(Clone, Debug)]
     enum RunStep {
-        /// A chunk puts (or deletes) the run of job `job` at `at`.
+        /// A chunk puts (or deletes) the key of `key` at `at`.
         Merge {
-            job: u8,
+            key: u8,
             at: u8,
             put: bool,
         },
         Seal,
         /// The flusher writes the oldest sealed window to sled.
         Write,
-        /// Apply reads the run of job `job` at `at`.
+        /// Apply reads the key of `key` at `at`.
         Read {
-            job: u8,
+            key: u8,
             at: u8,
+        },
+        /// Apply reads the first `limit` runs of job `job`.
+        Range {
+            job: u8,
+            limit: usize,
         },
     }
 
     fn run_step() -> impl proptest::strategy::Strategy<Value = RunStep> {
         use proptest::prelude::*;
         prop_oneof![
-            3 => (0u8..3, 0u8..30, proptest::bool::weighted(0.8))
-                .prop_map(|(job, at, put)| RunStep::Merge { job, at, put }),
+            4 => (0u8..9, 0u8..30, proptest::bool::weighted(0.7))
+                .prop_map(|(key, at, put)| RunStep::Merge { key, at, put }),
             1 => Just(RunStep::Seal),
             1 => Just(RunStep::Write),
-            3 => (0u8..3, 0u8..32).prop_map(|(job, at)| RunStep::Read { job, at }),
+            2 => (0u8..9, 0u8..32).prop_map(|(key, at)| RunStep::Read { key, at }),
+            2 => (0u8..3, 1..HEAD_ROWS + 2).prop_map(|(job, limit)| RunStep::Range { job, limit }),
         ]
     }
 
+    fn run_side_key(key: u8, at: u8) -> Vec<u8> {
+        let id = RunId::new(&format!("job-{}", key % 3), i64::from(at));
+        match key / 3 {
+            0 => keys::run(&id),
+            1 => keys::run_inputs(&id),
+            _ => keys::run_backfill(&id),
+        }
+    }
+
     proptest::proptest! {
-        #![proptest_config(proptest::test_runner::Config::with_cases(64))]
-        /// Reads of run keys through `Dirty`'s windows with its run bounds
-        /// are the reads without them, whatever was in sled before, put or
-        /// deleted in windows, sealed and written meanwhile: a bound never
-        /// hides a run sled holds.
+        #![proptest_config(proptest::test_runner::Config::with_cases(96))]
+        /// Reads through `Dirty`'s windows with its run bounds and run
+        /// heads are the reads without them, whatever was in sled before,
+        /// put or deleted in windows, sealed and written meanwhile: a bound
+        /// never hides a key sled holds (of a run or beside one), and a
+        /// head reads a job's first runs as the windows over sled do.
         #[test]
-        fn run_bounds_never_hide_a_run(
-            before in proptest::collection::btree_set((0u8..3, 0u8..30), 0..12),
-            steps in proptest::collection::vec(run_step(), 1..60),
+        fn run_bounds_and_heads_never_change_a_read(
+            before in proptest::collection::btree_set((0u8..9, 0u8..30), 0..16),
+            steps in proptest::collection::vec(run_step(), 1..80),
         ) {
             let dir = tempfile::tempdir().unwrap();
             let db = sled::Config::new().path(dir.path()).open().unwrap();
             let tree = db.open_tree("state").unwrap();
-            let key = |job: u8, at: u8| keys::run(&RunId::new(&format!("job-{job}"), i64::from(at)));
-            for (job, at) in &before {
-                tree.insert(key(*job, *at), &b"old"[..]).unwrap();
+            for (key, at) in &before {
+                tree.insert(run_side_key(*key, *at), &b"old"[..]).unwrap();
             }
             let mut d = Dirty::default();
             let mut tick = 0u8;
             for step in steps {
                 match step {
-                    RunStep::Merge { job, at, put } => {
+                    RunStep::Merge { key, at, put } => {
                         tick = tick.wrapping_add(1);
                         let v = put.then(|| vec![tick]);
-                        let net: Pending = [(key(job, at), v)].into();
+                        let net: Pending = [(run_side_key(key, at), v)].into();
                         let vanished = Vanished { keys: Vec::new(), seals: d.seals };
                         d.merge(net, vanished, &TreeView(&tree));
                     }
@@ -2498,58 +2669,25 @@ mod tests {
                             d.written();
                         }
                     }
-                    RunStep::Read { job, at } => {
+                    RunStep::Read { key, at } => {
                         let layers = d.layers();
                         let base = TreeView(&tree);
-                        let want = Stack::new(&layers, &base).get(&key(job, at));
-                        let got = Stack::of_dirty(&layers, &base, &d.runs).get(&key(job, at));
-                        proptest::prop_assert_eq!(got, want, "job {} at {}", job, at);
+                        let k = run_side_key(key, at);
+                        let want = Stack::new(&layers, &base).get(&k);
+                        let got = Stack::of_dirty(&layers, &base, &d).get(&k);
+                        proptest::prop_assert_eq!(got, want, "key {} at {}", key, at);
+                    }
+                    RunStep::Range { job, limit } => {
+                        let layers = d.layers();
+                        let base = TreeView(&tree);
+                        let start = keys::runs_of(&format!("job-{job}"));
+                        let end = keys::prefix_end(&start);
+                        let want = Stack::new(&layers, &base).range(&start, &end, limit);
+                        let got = Stack::of_dirty(&layers, &base, &d).range(&start, &end, limit);
+                        proptest::prop_assert_eq!(got, want, "job {} limit {}", job, limit);
                     }
                 }
             }
-        }
-    }
-
-    proptest::proptest! {
-        /// Reads through windows (oldest first) over a base are the reads
-        /// of the windows applied to the base in order, for gets and for
-        /// ranges of every limit: deletions hide, newer windows win.
-        #[test]
-        fn a_stack_of_windows_reads_as_the_windows_applied_in_order(
-            base in proptest::collection::btree_map(0u8..40, 0u8..4, 0..30),
-            windows in proptest::collection::vec(
-                proptest::collection::btree_map(0u8..40, proptest::option::of(4u8..8), 0..20),
-                0..4,
-            ),
-            start in 0u8..40,
-            len in 0u8..45,
-            limit in 0usize..50,
-        ) {
-            let key = |k: u8| vec![b'k', k];
-            let mut merged = core::MemView::default();
-            for (k, v) in &base {
-                merged.map.insert(key(*k), vec![*v]);
-            }
-            let below = core::MemView { map: merged.map.clone() };
-            let layers: Vec<Pending> = windows
-                .iter()
-                .map(|w| w.iter().map(|(k, v)| (key(*k), v.map(|v| vec![v]))).collect())
-                .collect();
-            for w in &layers {
-                for (k, v) in w {
-                    match v {
-                        Some(v) => merged.map.insert(k.clone(), v.clone()),
-                        None => merged.map.remove(k),
-                    };
-                }
-            }
-            let refs: Vec<&Pending> = layers.iter().collect();
-            let stack = Stack::new(&refs, &below);
-            for k in 0u8..40 {
-                proptest::prop_assert_eq!(stack.get(&key(k)), merged.get(&key(k)));
-            }
-            let (from, to) = (key(start), key(start.saturating_add(len)));
-            proptest::prop_assert_eq!(stack.range(&from, &to, limit), merged.range(&from, &to, limit));
         }
     }
 
