@@ -119,6 +119,7 @@ async fn feed_oneshots(
 
 /// From the run history of a sample of interval jobs: the share of fires
 /// due in the window whose finish was committed, and scheduled-to-finish times.
+/// With `--keep-runs` below the fires per job, only the runs kept count.
 async fn committed_sample(r: &mut Report, c: &Client, n_jobs: u64, every: u64, win: (i64, i64)) {
     let step = (n_jobs as usize / SAMPLE_JOBS).max(1);
     let jobs: Vec<String> = (0..n_jobs as usize)
