@@ -304,8 +304,7 @@ pub fn runs_of(job: &str) -> Vec<u8> {
 /// A run record's key split into its job's prefix ([`runs_of`]) and its
 /// (scheduled time, shard) suffix, whose byte order is the keys' order.
 pub fn split_run_key(key: &[u8]) -> Option<(&[u8], &[u8])> {
-    let at = 2 + *key.get(1)? as usize;
-    (key[0] == RUN && key.len() == at + 12).then(|| key.split_at(at))
+    split_run_side_key(key).filter(|_| key[0] == RUN)
 }
 
 /// [`split_run_key`] for a run record's key or either of the keys beside
