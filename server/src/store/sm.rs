@@ -203,7 +203,11 @@ pub const FLUSH_MS_MAX: u64 = 60_000;
 /// Large enough that a saturated node mostly seals on the `--flush-ms`
 /// tick, so a run created, assigned and finished within that window
 /// reaches sled once, and an active-run entry added and removed not at all.
-pub const FLUSH_KEYS: usize = 131_072;
+/// At 131,072 a node firing 16,200 jobs a second sealed every two seconds
+/// on this bound, before the tick: 262,144 writes about a fifth fewer keys
+/// per fire there, and past saturation delivers 17-30 % more fires
+/// (BENCHMARKS.md, thirtieth pass).
+pub const FLUSH_KEYS: usize = 262_144;
 /// Keys at most in one atomic sled batch. A batch holds sled's
 /// process-wide write lock and pins its log until it is sealed, and the
 /// Raft log's appends and fsyncs wait for both; a window of more keys goes
