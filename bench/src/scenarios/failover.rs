@@ -130,8 +130,8 @@ async fn kill_leader(c: &crate::cluster::LocalCluster, client: &Client) -> anyho
 }
 
 /// Whether each of the `jobs` jobs had an occurrence scheduled after
-/// `after` delivered. A job fires its occurrences in order, so every slot
-/// of its up to then was fired too (or is lost, which the history shows).
+/// `after` delivered. A job fires its occurrences in order, so each of its
+/// earlier slots was fired by then too (or is lost, which the history shows).
 fn each_fired_past(recs: &[Rec], jobs: u64, after: i64) -> bool {
     let past: HashSet<&str> = (recs.iter())
         .filter(|x| x.scheduled_at_ms > after)
