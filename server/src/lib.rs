@@ -8,6 +8,7 @@ pub mod backup;
 pub mod clock;
 pub mod console;
 pub mod core;
+pub mod disk;
 pub mod failpoint;
 pub mod grpc;
 pub mod handover;

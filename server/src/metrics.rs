@@ -77,6 +77,9 @@ pub struct Metrics {
     dispatch_latency: Histogram,
     apply: Histogram,
     log_append: Histogram,
+    disk_sync: Histogram,
+    disk_sync_waiters: Counter,
+    disk_free: Gauge,
     state_flush: Histogram,
     snapshot_build: Histogram,
     /// CPU seconds of the threads that applied entries and wrote windows.
@@ -138,6 +141,9 @@ impl Metrics {
             dispatch_latency: seconds(),
             apply: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             log_append: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            disk_sync: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            disk_sync_waiters: Counter::default(),
+            disk_free: Gauge::default(),
             state_flush: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
             snapshot_build: seconds(),
             apply_cpu: Counter::default(),
@@ -219,6 +225,26 @@ impl Metrics {
             "Time to append a batch of entries to the Raft log, fsync included",
             Unit::Seconds,
             self.log_append.clone(),
+        );
+        r.register_with_unit(
+            "kairos_disk_sync",
+            "Time of one group commit: sled's flush, then fdatasync of its data \
+             file (and fsync of new blob files and changed directories)",
+            Unit::Seconds,
+            self.disk_sync.clone(),
+        );
+        r.register(
+            "kairos_disk_sync_requests",
+            "Durable-write requests answered by group commits (with \
+             kairos_disk_sync_seconds_count: requests per fsync)",
+            self.disk_sync_waiters.clone(),
+        );
+        r.register_with_unit(
+            "kairos_disk_free",
+            "Bytes free to this node in its data directory's filesystem \
+             (statvfs f_bavail), read every second",
+            Unit::Bytes,
+            self.disk_free.clone(),
         );
         r.register_with_unit(
             "kairos_runtime_lag",
@@ -443,6 +469,16 @@ impl Metrics {
 
     pub fn log_appended(&self, took: Duration) {
         self.log_append.observe(took.as_secs_f64());
+    }
+
+    /// One group commit took `took` and answered `waiters` requests.
+    pub fn synced(&self, took: Duration, waiters: usize) {
+        self.disk_sync.observe(took.as_secs_f64());
+        self.disk_sync_waiters.inc_by(waiters as u64);
+    }
+
+    pub fn set_disk_free(&self, bytes: u64) {
+        self.disk_free.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub fn runtime_lagged(&self, late: Duration) {

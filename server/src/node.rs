@@ -64,6 +64,9 @@ pub struct Config {
     pub watch_events: usize,
     /// When the leader refuses client writes (`RESOURCE_EXHAUSTED`).
     pub admission: admission::Bounds,
+    /// Bytes the data directory's disk keeps free: below it the node
+    /// refuses writes (`disk`), and it does not open its store.
+    pub disk_reserve_bytes: u64,
 }
 
 impl Config {
@@ -97,6 +100,7 @@ impl Config {
             flush_ms: store::sm::FLUSH_MS_DEFAULT,
             watch_events: crate::watch::RING_EVENTS_DEFAULT,
             admission: admission::Bounds::default(),
+            disk_reserve_bytes: crate::disk::RESERVE_MB_DEFAULT << 20,
         }
     }
 
@@ -184,6 +188,9 @@ pub enum ProposeError {
     /// Refused by admission control before it was proposed: nothing was written.
     #[error(transparent)]
     Overloaded(#[from] Overloaded),
+    /// This node's disk is below its reserve (`disk`): nothing was written.
+    #[error("{0}")]
+    DiskFull(crate::disk::Low),
 }
 
 type FinishItem = (FinishReport, oneshot::Sender<Result<(), CommandError>>);
@@ -245,6 +252,9 @@ pub struct Node {
     proposal_tx: mpsc::Sender<ProposalItem>,
     entry_tx: mpsc::Sender<Shared>,
     pub admission: Arc<Admission>,
+    /// The data directory's free space (`disk`): below the reserve, client
+    /// writes and peers' Raft writes are refused.
+    pub disk: crate::disk::Monitor,
     /// Cached channels: to peer listeners by (Some(id), addr), to public ones by (None, addr).
     channels: Mutex<HashMap<(Option<NodeId>, String), Channel>>,
     pub dialer: Dialer,
@@ -362,6 +372,7 @@ impl Node {
                 }
             }
         }
+        self.disk.check().map_err(ProposeError::DiskFull)?;
         let bytes = crate::core::codec::encoded_len(&cmd);
         let now_ms = self.clock.mono_ms();
         let ticket = (self.admission).admit(bytes, self.apply_progress().1, now_ms)?;
@@ -722,6 +733,45 @@ const LAG_WARN_MS: u64 = 250;
 /// tasks, or the process is not scheduled, nothing due runs, Raft's
 /// heartbeats and replies included. A wake-up late by [`LAG_WARN_MS`] or
 /// more is also logged, so a stall can be told from a slow peer or disk.
+/// Reads the data directory's free space every second (`disk`). While it
+/// is below the reserve this node starts and joins no election, and a
+/// leader hands its leadership to another voter (again each second until
+/// one takes it, if none could at first).
+async fn watch_disk(node: Arc<Node>) {
+    loop {
+        match node.disk.poll() {
+            Ok((free, changed)) => {
+                node.metrics.set_disk_free(free);
+                match changed {
+                    Some(true) => {
+                        let low = node.disk.check().err();
+                        tracing::error!(
+                            "{}; this node takes no elections and no entries until then",
+                            low.map(|l| l.to_string()).unwrap_or_default()
+                        );
+                        node.raft.runtime_config().elect(false);
+                    }
+                    Some(false) => {
+                        tracing::info!(free, "disk space is back above the reserve; resuming");
+                        node.raft.runtime_config().elect(true);
+                    }
+                    None => {}
+                }
+                if node.disk.is_low() && node.is_leader() {
+                    match crate::handover::transfer_leader(&node, None).await {
+                        Ok(h) => tracing::warn!(to = h.leader, "disk full: handed leadership over"),
+                        Err(e) => tracing::warn!("disk full: could not hand leadership over: {e}"),
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(dir = %node.disk.dir().display(), "reading free disk space: {e}")
+            }
+        }
+        tokio::time::sleep(crate::disk::POLL).await;
+    }
+}
+
 async fn probe_runtime_lag(node: Arc<Node>) {
     loop {
         let asked_ms = node.clock.mono_ms();
@@ -1039,6 +1089,10 @@ pub async fn run(
         watch_events: config.watch_events,
         ..Default::default()
     };
+    // A node restarted by a full disk (`disk`) waits here, not in a loop of crashes.
+    std::fs::create_dir_all(&config.data_dir)?;
+    let (dir, reserve) = (config.data_dir.clone(), config.disk_reserve_bytes);
+    tokio::task::spawn_blocking(move || crate::disk::wait_for_space(&dir, reserve)).await??;
     let (log, sm) = store::open(&config.data_dir, config.cache_bytes, sm_opts)?;
     let raft_config = Arc::new(config.raft_config()?);
     let dialer = Dialer {
@@ -1072,6 +1126,7 @@ pub async fn run(
         proposal_tx,
         entry_tx,
         admission: Admission::new(config.admission, config.clock.mono_ms()),
+        disk: crate::disk::Monitor::new(config.data_dir.clone(), config.disk_reserve_bytes),
         channels: Mutex::new(HashMap::new()),
         dialer,
         auth_required: config.auth_token.is_some(),
@@ -1086,6 +1141,7 @@ pub async fn run(
         tokio::spawn(combine_entries(node.clone(), entry_rx)),
         tokio::spawn(sample_apply(node.clone())),
         tokio::spawn(probe_runtime_lag(node.clone())),
+        tokio::spawn(watch_disk(node.clone())),
         tokio::spawn(crate::leader::supervise(node.clone())),
         tokio::spawn(learn_api_addrs(node.clone())),
         tokio::spawn(crate::membership::finish_interrupted(node.clone())),

@@ -51,6 +51,7 @@ pub fn propose(e: ProposeError) -> Status {
         ProposeError::Raft(m) => Status::unavailable(format!("raft: {m}")),
         ProposeError::Format(f) => Status::failed_precondition(f.to_string()),
         ProposeError::Overloaded(o) => overloaded(&o),
+        ProposeError::DiskFull(low) => Status::unavailable(low.to_string()),
     }
 }
 

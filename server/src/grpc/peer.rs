@@ -61,6 +61,15 @@ impl PeerService {
         }
     }
 
+    /// While this node's disk is below its reserve it takes no Raft message
+    /// that writes (entries, votes, snapshots): to the sender it is down.
+    fn disk_room(&self) -> Result<(), Status> {
+        self.node
+            .disk
+            .check()
+            .map_err(|low| Status::unavailable(low.to_string()))
+    }
+
     /// Decodes a Raft message and checks it is sent by the authenticated node.
     fn raft_message<T: serde::de::DeserializeOwned>(
         &self,
@@ -81,6 +90,7 @@ impl PeerService {
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn append_entries(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        self.disk_room()?;
         let rpc = self.raft_message(req, |r: &AppendEntriesRequest<TypeConfig>| {
             r.vote.leader_id().voted_for()
         })?;
@@ -89,6 +99,7 @@ impl Peer for PeerService {
     }
 
     async fn vote(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        self.disk_room()?;
         let rpc = self.raft_message(req, |r: &VoteRequest<NodeId>| {
             r.vote.leader_id().voted_for()
         })?;
@@ -97,6 +108,7 @@ impl Peer for PeerService {
     }
 
     async fn install_snapshot(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        self.disk_room()?;
         let rpc = self.raft_message(req, |r: &InstallSnapshotRequest<TypeConfig>| {
             r.vote.leader_id().voted_for()
         })?;

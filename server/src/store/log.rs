@@ -1,5 +1,7 @@
-//! The Raft log and vote on sled. Appends and votes are fsynced before they
-//! are acknowledged; truncation and purge never leave holes: purge records
+//! The Raft log and vote on sled. Appends, votes, truncations and the purge
+//! marker are durable (`store::durable`: sled's flush, then `fdatasync`)
+//! before openraft is told; an append returns once written, and its
+//! callback fires from the sync thread, so appends pipeline into one sync; truncation and purge never leave holes: purge records
 //! the purged id first, then removes entries from the front, off openraft's
 //! core (reads never return an entry at or below the purged id).
 
@@ -23,7 +25,7 @@ const KEY_PURGED: &[u8] = b"last_purged";
 
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<sled::Db>,
+    db: Arc<super::durable::Db>,
     log: Arc<sled::Tree>,
     meta: Arc<sled::Tree>,
     /// Where append times and the commit index are reported.
@@ -52,7 +54,7 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError {
 }
 
 impl LogStore {
-    pub fn open(db: Arc<sled::Db>, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
+    pub fn open(db: Arc<super::durable::Db>, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
         let log = Arc::new(db.open_tree("raft_log")?);
         let meta = Arc::new(db.open_tree("raft_meta")?);
         let store = LogStore {
@@ -193,14 +195,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map(|e| Write::Put(e.log_id.index.to_be_bytes().to_vec(), encode(e)))
             .collect();
         KvTree::apply(&*self.log, &writes).map_err(write_err)?;
-        let res = self
-            .db
-            .flush_async()
-            .await
-            .map(|_| ())
-            .map_err(std::io::Error::other);
-        self.metrics.log_appended(start.elapsed());
-        callback.log_io_completed(res);
+        // Answered from the sync thread once durable, so openraft can send
+        // the next entries meanwhile: one sync covers all appended by then.
+        let metrics = self.metrics.clone();
+        self.db.durable().sync_then(move |res| {
+            metrics.log_appended(start.elapsed());
+            callback.log_io_completed(res.map_err(std::io::Error::other));
+        });
         Ok(())
     }
 
@@ -295,7 +296,15 @@ mod tests {
     #[tokio::test]
     async fn a_purge_records_the_prefix_and_removes_exactly_it_after_returning() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Arc::new(sled::open(dir.path()).unwrap());
+        let db = Arc::new(
+            super::super::durable::Db::open(
+                dir.path(),
+                1 << 20,
+                Arc::default(),
+                Arc::new(|e| panic!("{e}")),
+            )
+            .unwrap(),
+        );
         let mut store = LogStore::open(db.clone(), Arc::default()).unwrap();
         fill(&store, 7, 3_000);
         let hold = store.removing.clone();

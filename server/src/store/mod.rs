@@ -2,6 +2,7 @@
 //! and the replicated state live in separate trees of one sled database;
 //! `kv` puts them behind the project's own [`kv::KvTree`] trait.
 
+pub mod durable;
 pub mod format;
 pub mod kv;
 pub mod log;
@@ -37,12 +38,12 @@ pub fn open(
     std::fs::create_dir_all(dir).map_err(|e| StoreError::Sled(e.into()))?;
     format::check_or_create(dir)?;
     let start = std::time::Instant::now();
-    let db = sled::Config::new()
-        .path(dir.join("db"))
-        .mode(sled::Mode::HighThroughput)
-        .cache_capacity(cache_bytes)
-        .open()?;
-    let db = Arc::new(db);
+    let db = Arc::new(durable::Db::open(
+        &dir.join("db"),
+        cache_bytes,
+        sm_opts.metrics.clone(),
+        sm_opts.on_sync_failure.clone(),
+    )?);
     let sled_ms = start.elapsed().as_millis() as u64;
     let log = LogStore::open(db.clone(), sm_opts.metrics.clone())?;
     let sm = StateMachine::open(db, dir, sm_opts)?;

@@ -30,6 +30,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, Mutex};
 
+use super::durable::Db;
 use super::kv::{KvTree, TreeView};
 use super::pin::Pin;
 use super::snapfile;
@@ -174,6 +175,9 @@ pub struct Options {
     /// Keys in the open window after which apply seals it at once
     /// ([`FLUSH_KEYS`]; smaller only in tests).
     pub flush_keys: usize,
+    /// Called once when a durable sync fails: by default the node stops
+    /// ([`super::durable`]); tests that provoke a failure pass their own.
+    pub on_sync_failure: super::durable::Fatal,
 }
 
 impl Default for Options {
@@ -186,6 +190,7 @@ impl Default for Options {
             held_limits: (HELD_KEYS, HELD_BYTES),
             pin_bytes: PIN_BYTES,
             flush_keys: FLUSH_KEYS,
+            on_sync_failure: super::durable::stop_the_node(),
         }
     }
 }
@@ -587,7 +592,7 @@ pub struct StateMachine {
 }
 
 struct Inner {
-    db: Arc<sled::Db>,
+    db: Arc<Db>,
     tree: sled::Tree,
     /// The redo record of a flush larger than one batch, while it is written.
     redo: sled::Tree,
@@ -705,7 +710,7 @@ fn snap_err(e: impl std::error::Error + 'static) -> StorageError {
 }
 
 impl StateMachine {
-    pub fn open(db: Arc<sled::Db>, dir: &Path, opts: Options) -> Result<Self, StoreError> {
+    pub fn open(db: Arc<Db>, dir: &Path, opts: Options) -> Result<Self, StoreError> {
         let tree = db.open_tree("state")?;
         let redo = db.open_tree(REDO_TREE)?;
         let snapshot_path = dir.join("snapshot.bin");
@@ -714,8 +719,13 @@ impl StateMachine {
         }
         if KvTree::get(&tree, keys::META_RESTORING)?.is_some() {
             tracing::warn!("a snapshot install was interrupted; doing it again");
-            finish_install(&tree, &snapshot_path.with_extension("recv"), &snapshot_path)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            finish_install(
+                &db,
+                &tree,
+                &snapshot_path.with_extension("recv"),
+                &snapshot_path,
+            )
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         }
         if let Some(before) = record_tzdata(&db.open_tree(LOCAL_TREE)?)? {
             tracing::error!(
@@ -1857,7 +1867,7 @@ fn clear_redo(redo: &sled::Tree, chunks: u32) -> Result<(), sled::Error> {
 /// there); returns whether there was one. The pairs were made durable
 /// before any later write, so a `last_applied` past the record's index
 /// means they are all in sled and the record is only left over.
-fn finish_redo(db: &sled::Db, tree: &sled::Tree, redo: &sled::Tree) -> Result<bool, StoreError> {
+fn finish_redo(db: &Db, tree: &sled::Tree, redo: &sled::Tree) -> Result<bool, StoreError> {
     let corrupt = |what: &str, e: &dyn std::fmt::Display| {
         StoreError::Corrupt(format!(
             "the redo record of an interrupted flush: {what}: {e}"
@@ -1966,26 +1976,26 @@ const RESTORE_BATCH: usize = 4096;
 /// A marker key is written first and removed last: a node that crashes
 /// midway finds it on open and finishes the install ([`finish_install`]).
 /// `snapshot.bin` stays the previous snapshot until the state holds the new one.
-fn install(tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Result<()> {
+fn install(db: &Db, tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Result<()> {
     let io = std::io::Error::other;
     tree.insert(keys::META_RESTORING, &[][..]).map_err(io)?;
-    tree.flush().map_err(io)?;
-    finish_install(tree, recv, current)
+    db.flush().map_err(std::io::Error::other)?;
+    finish_install(db, tree, recv, current)
 }
 
 /// Loads the file being installed (still `recv`, or already renamed to
 /// `current`), makes it the current snapshot and removes the marker.
-fn finish_install(tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Result<()> {
+fn finish_install(db: &Db, tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Result<()> {
     let io = std::io::Error::other;
     let renamed = !recv.try_exists()?;
     let source = if renamed { current } else { recv };
-    load(tree, source)?;
+    load(db, tree, source)?;
     if !renamed {
         std::fs::rename(recv, current)?;
         sync_dir(current)?;
     }
     tree.remove(keys::META_RESTORING).map_err(io)?;
-    tree.flush().map_err(io)?;
+    db.flush().map_err(std::io::Error::other)?;
     Ok(())
 }
 
@@ -1993,7 +2003,7 @@ fn finish_install(tree: &sled::Tree, recv: &Path, current: &Path) -> std::io::Re
 /// snapshot file, in bounded batches. The file is verified first (a second
 /// time during install: the check is cheap next to the load, and the disk
 /// may have changed it).
-fn load(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
+fn load(db: &Db, tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
     snapfile::verify(path)?;
     let io = std::io::Error::other;
     // Delete everything but the marker, in bounded batches.
@@ -2027,7 +2037,7 @@ fn load(tree: &sled::Tree, path: &Path) -> std::io::Result<()> {
         }
     }
     tree.apply_batch(batch).map_err(io)?;
-    tree.flush().map_err(io)?;
+    db.flush().map_err(std::io::Error::other)?;
     Ok(())
 }
 
@@ -2169,7 +2179,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // The snapshot replaces the state, including what is held in memory.
             *sm.inner.dirty.write() = Dirty::default();
             let tree = &sm.inner.tree;
-            install(tree, &recv, &path)?;
+            install(&sm.inner.db, tree, &recv, &path)?;
             Ok(count_wheel(tree))
         })
         .await?;

@@ -203,6 +203,11 @@ pub struct ServeArgs {
     /// timers 64 MiB gave a larger RSS than the default (BENCHMARKS.md).
     #[arg(long, env = "KAIROS_CACHE_MB", default_value_t = 1024)]
     cache_mb: u64,
+    /// MiB the data directory's disk keeps free (0..1048576): below it the
+    /// node refuses writes with UNAVAILABLE, hands leadership over, and does
+    /// not open its store until space returns.
+    #[arg(long, env = "KAIROS_DISK_RESERVE_MB", default_value_t = kairos_server::disk::RESERVE_MB_DEFAULT, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    disk_reserve_mb: u64,
     #[arg(long, env = "KAIROS_ELECTION_MAX_MS", default_value_t = 500)]
     election_max_ms: u64,
     /// Most ready attempts the leader holds in memory per worker group
@@ -428,6 +433,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     config.snapshot_logs = a.snapshot_logs;
     config.keep_logs = a.keep_logs;
     config.cache_bytes = a.cache_mb.saturating_mul(1 << 20);
+    config.disk_reserve_bytes = a.disk_reserve_mb << 20;
     config.heartbeat_ms = a.heartbeat_ms;
     config.election_min_ms = a.election_min_ms;
     config.election_max_ms = a.election_max_ms;
