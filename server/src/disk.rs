@@ -159,6 +159,10 @@ impl Monitor {
         Ok((free, self.observe(free)))
     }
 
+    pub fn reserve(&self) -> u64 {
+        self.inner.reserve
+    }
+
     pub fn dir(&self) -> &Path {
         &self.inner.dir
     }

@@ -18,6 +18,9 @@
 //!   builds by their duration).
 //! - `slow-digest=MS`: each state digest takes MS milliseconds longer
 //!   (`store::sm`), as hashing a large state would.
+//! - `skip-log-sync`: no `fdatasync` or `fsync` after sled's flush, and
+//!   sled's periodic flusher on (`store::durable`): the behaviour before
+//!   durable syncs, for the harness to show a power cut losing writes.
 
 use std::sync::OnceLock;
 

@@ -80,6 +80,7 @@ pub struct Metrics {
     disk_sync: Histogram,
     disk_sync_waiters: Counter,
     disk_free: Gauge,
+    disk_reserve: Gauge,
     state_flush: Histogram,
     snapshot_build: Histogram,
     /// CPU seconds of the threads that applied entries and wrote windows.
@@ -144,6 +145,7 @@ impl Metrics {
             disk_sync: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             disk_sync_waiters: Counter::default(),
             disk_free: Gauge::default(),
+            disk_reserve: Gauge::default(),
             state_flush: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
             snapshot_build: seconds(),
             apply_cpu: Counter::default(),
@@ -245,6 +247,13 @@ impl Metrics {
              (statvfs f_bavail), read every second",
             Unit::Bytes,
             self.disk_free.clone(),
+        );
+        r.register_with_unit(
+            "kairos_disk_reserve",
+            "Bytes the node keeps free in its data directory (--disk-reserve-mb): \
+             below it, it refuses writes and hands leadership over",
+            Unit::Bytes,
+            self.disk_reserve.clone(),
         );
         r.register_with_unit(
             "kairos_runtime_lag",
@@ -477,8 +486,10 @@ impl Metrics {
         self.disk_sync_waiters.inc_by(waiters as u64);
     }
 
-    pub fn set_disk_free(&self, bytes: u64) {
-        self.disk_free.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    pub fn set_disk_free(&self, free: u64, reserve: u64) {
+        self.disk_free.set(i64::try_from(free).unwrap_or(i64::MAX));
+        self.disk_reserve
+            .set(i64::try_from(reserve).unwrap_or(i64::MAX));
     }
 
     pub fn runtime_lagged(&self, late: Duration) {

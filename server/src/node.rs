@@ -741,7 +741,7 @@ async fn watch_disk(node: Arc<Node>) {
     loop {
         match node.disk.poll() {
             Ok((free, changed)) => {
-                node.metrics.set_disk_free(free);
+                node.metrics.set_disk_free(free, node.disk.reserve());
                 match changed {
                     Some(true) => {
                         let low = node.disk.check().err();

@@ -175,6 +175,14 @@ async fn a_run_is_traced_counted_and_every_dashboard_metric_is_exported() {
     assert_eq!(m(succeeded), 1.0);
     assert_eq!(m("kairos_fires_total{group=\"obs\"}"), 1.0);
     assert!(m("kairos_log_append_seconds_count") >= 1.0);
+    // Every append reached a durable sync, which answered it.
+    assert!(m("kairos_disk_sync_seconds_count") >= 1.0);
+    assert!(m("kairos_disk_sync_requests_total") >= m("kairos_disk_sync_seconds_count"));
+    wait_for("a disk reading", Duration::from_secs(30), || async {
+        (m("kairos_disk_free_bytes") > 0.0).then_some(())
+    })
+    .await;
+    assert_eq!(m("kairos_disk_reserve_bytes"), (64u64 << 20) as f64);
     // The runtime lag probe wakes every 10 ms from the start.
     wait_for("runtime lag samples", Duration::from_secs(30), || async {
         (m("kairos_runtime_lag_seconds_count") >= 10.0).then_some(())

@@ -77,7 +77,9 @@ impl SyncError {
         SyncError {
             what: what.into(),
             message: e.to_string(),
-            disk_full: e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()),
+            // sled keeps the kind of the errors it clones, not their number.
+            disk_full: e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
+                || e.kind() == std::io::ErrorKind::StorageFull,
         }
     }
 
@@ -179,6 +181,29 @@ struct Shared {
     wake: Condvar,
     /// Entries of `db/` and `db/blobs/` as of the last sync.
     seen: Mutex<BTreeSet<PathBuf>>,
+    fatal: Fatal,
+}
+
+impl Shared {
+    /// Records the first failure, answers `batch` and everything queued
+    /// with it, and calls the hook; a later failure is only answered.
+    fn fail(&self, e: SyncError, batch: Vec<Waiter>) {
+        let (first, late) = {
+            let mut q = lock(&self.queue);
+            let first = q.failed.is_none();
+            if first {
+                q.failed = Some(e.clone());
+            }
+            (first, std::mem::take(&mut q.waiting))
+        };
+        tracing::error!("{e}");
+        for w in batch.into_iter().chain(late) {
+            w(Err(e.clone()));
+        }
+        if first {
+            (self.fatal)(&e);
+        }
+    }
 }
 
 /// A handle on the sync thread of one sled database. Cloned freely; the
@@ -235,6 +260,7 @@ impl Durable {
             queue: Mutex::default(),
             wake: Condvar::new(),
             seen: Mutex::default(),
+            fatal,
         });
         let mut syncer = Syncer {
             db,
@@ -253,7 +279,7 @@ impl Durable {
         }
         std::thread::Builder::new()
             .name("kairos-sync".into())
-            .spawn(move || syncer.run(&fatal))
+            .spawn(move || syncer.run())
             .map_err(|e| SyncError::new("start the sync thread", &e))?;
         Ok(Durable {
             _owner: Arc::new(Owner(shared.clone())),
@@ -301,6 +327,14 @@ impl Durable {
         }
     }
 
+    /// A write to sled failed (sled then fails every later write too): the
+    /// store is lost to this process, as after a failed sync.
+    pub fn write_failed(&self, what: &str, e: &sled::Error) {
+        let mut err = SyncError::sled(e);
+        err.what = what.to_string();
+        self.shared.fail(err, Vec::new());
+    }
+
     /// The failure that stopped syncing, if one did.
     pub fn failed(&self) -> Option<SyncError> {
         lock(&self.shared.queue).failed.clone()
@@ -333,7 +367,7 @@ fn sync_dir(dir: &Path) -> Result<(), SyncError> {
 }
 
 impl Syncer {
-    fn run(mut self, fatal: &Fatal) {
+    fn run(mut self) {
         let shared = self.shared.clone();
         loop {
             let batch = {
@@ -349,21 +383,12 @@ impl Syncer {
             let start = std::time::Instant::now();
             let result = self.sync_once();
             self.metrics.synced(start.elapsed(), batch.len());
-            if let Err(e) = &result {
-                tracing::error!("{e}");
-                lock(&shared.queue).failed = Some(e.clone());
-            }
-            for w in batch {
-                w(result.clone());
-            }
-            if let Err(e) = result {
-                // Requests queued meanwhile get the failure too.
-                let late = std::mem::take(&mut lock(&shared.queue).waiting);
-                for w in late {
-                    w(Err(e.clone()));
+            match result {
+                Ok(()) => batch.into_iter().for_each(|w| w(Ok(()))),
+                Err(e) => {
+                    shared.fail(e, batch);
+                    return;
                 }
-                fatal(&e);
-                return;
             }
         }
     }

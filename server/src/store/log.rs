@@ -86,9 +86,21 @@ impl LogStore {
     }
 
     async fn meta_put<T: serde::Serialize>(&self, key: &[u8], v: &T) -> Result<(), StorageError> {
-        self.meta.insert(key, encode(v)).map_err(write_err)?;
+        let written = self.meta.insert(key, encode(v));
+        self.wrote(written, "writing the Raft metadata")?;
         self.db.flush_async().await.map_err(write_err)?;
         Ok(())
+    }
+
+    /// A sled write failed: sled refuses every write after it, so the
+    /// store is lost to this process; the node stops (`store::durable`).
+    fn lost(&self, e: sled::Error, what: &str) -> StorageError {
+        self.db.durable().write_failed(what, &e);
+        write_err(e)
+    }
+
+    fn wrote<T>(&self, r: Result<T, sled::Error>, what: &str) -> Result<T, StorageError> {
+        r.map_err(|e| self.lost(e, what))
     }
 
     /// Index of the first entry still in the log (for metrics and tests).
@@ -165,7 +177,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not fsynced on its own: it is an optimisation for restart, and rides the next flush.
         self.meta
             .insert(KEY_COMMITTED, encode(&committed))
-            .map_err(write_err)?;
+            .map_err(|e| self.lost(e, "writing the committed index"))?;
         Ok(())
     }
 
@@ -194,7 +206,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .iter()
             .map(|e| Write::Put(e.log_id.index.to_be_bytes().to_vec(), encode(e)))
             .collect();
-        KvTree::apply(&*self.log, &writes).map_err(write_err)?;
+        KvTree::apply(&*self.log, &writes)
+            .map_err(|e| self.lost(e, "appending to the Raft log"))?;
         // Answered from the sync thread once durable, so openraft can send
         // the next entries meanwhile: one sync covers all appended by then.
         let metrics = self.metrics.clone();
@@ -214,7 +227,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         )
         .map_err(read_err)?;
         let writes: Vec<Write> = rows.into_iter().map(|(k, _)| Write::Delete(k)).collect();
-        KvTree::apply(&*self.log, &writes).map_err(write_err)?;
+        KvTree::apply(&*self.log, &writes).map_err(|e| self.lost(e, "truncating the Raft log"))?;
         self.db.flush_async().await.map_err(write_err)?;
         Ok(())
     }

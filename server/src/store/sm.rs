@@ -1549,6 +1549,10 @@ impl StateMachine {
     fn write_sealed_or_record(&self) {
         if let Err(e) = self.write_sealed() {
             tracing::error!("writing applied state to sled: {e}; apply stops");
+            self.inner
+                .db
+                .durable()
+                .write_failed("writing applied state", &e);
             *self.inner.write_failed.lock() = Some(format!("writing applied state to sled: {e}"));
         }
     }
