@@ -1,6 +1,6 @@
 //! The history's wire format: one JSON object per line of `history.jsonl`,
 //! tagged by `type` (`meta`, `invoke`, `complete`, `receipt`, `nemesis`,
-//! `final`). These types are the only contract between the live harness that
+//! `leader`, `final`). These types are the only contract between the live harness that
 //! writes a history and the checkers that read it back, so a recorded run can
 //! be re-checked (or doctored in a test) without a cluster.
 
@@ -15,6 +15,7 @@ pub enum Event {
     Complete(Complete),
     Receipt(Receipt),
     Nemesis(NemesisEvent),
+    Leader(LeaderClaim),
     Final(FinalNode),
 }
 
@@ -32,6 +33,17 @@ pub struct Meta {
     pub nemeses: Vec<String>,
     pub workloads: Vec<String>,
     pub bounds: Bounds,
+    /// Fault families asked for but not injected, each with why: only a
+    /// `--loopback` run drops any (a run that cannot inject what it was
+    /// asked for fails instead).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped_nemeses: Vec<DroppedNemesis>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DroppedNemesis {
+    pub family: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -96,6 +108,7 @@ pub enum OpF {
     Get,
     Delete,
     Pause,
+    Resume,
 }
 
 /// A client operation as sent.
@@ -243,6 +256,27 @@ pub struct NemesisEvent {
     pub nodes: Vec<u64>,
     #[serde(default)]
     pub detail: String,
+}
+
+/// A node's claim to lead a term: its own `Cluster.Status` entry said
+/// `role: leader` at `term` (`source: status`, seen through `reporter`'s
+/// answer, or `final` in the final read), or its log said it started
+/// leading `term` (`source: log`; `node_time` is the log line's timestamp,
+/// by the node's own, possibly skewed, clock). Recorded the first time each
+/// (source, reporter, node, term) is seen.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LeaderClaim {
+    /// Harness clock when it was seen (for `log`: when the log was read).
+    pub time_ms: i64,
+    pub term: u64,
+    /// The node that claims to lead `term`.
+    pub node: u64,
+    pub source: String,
+    /// The node whose answer (or log) carried the claim.
+    pub reporter: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub node_time: String,
 }
 
 /// One node's state read locally at the end of the run.

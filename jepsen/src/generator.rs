@@ -1,5 +1,6 @@
-//! Seeded, pure generators: the fault schedule (a fault every 5–10 s, held
-//! 5–15 s, then healed; blackholes long enough to force a snapshot), the
+//! Seeded, pure generators: the fault schedule (by default a fault every
+//! 5–10 s, held 5–15 s, then healed — `--fault-every` sets the density;
+//! blackholes long enough to force a snapshot), the
 //! partition shapes as (receiver, sender) drop pairs, and the choices the
 //! workloads make (register operation mix, timer delays and cancellations,
 //! interval periods), and the membership changes (`member_change`). Same
@@ -97,22 +98,60 @@ pub struct PlannedFault {
     pub fault: Fault,
 }
 
-/// The fault schedule for a run of `limit_ms`; faults never overlap.
-/// `membership` is not planned here (see [`member_change`]).
+/// Mean spacing between fault starts by default: a 5–10 s gap, then a
+/// fault held 5–15 s (3–5 faults in 90 s).
+pub const DEFAULT_FAULT_EVERY_MS: u64 = 17_500;
+/// `--fault-every` bounds.
+pub const MIN_FAULT_EVERY_MS: u64 = 2_000;
+pub const MAX_FAULT_EVERY_MS: u64 = 3_600_000;
+/// Densest spacing that keeps today's 5–15 s holds (a 2.5 s mean gap).
+const FULL_HOLD_EVERY_MS: u64 = 12_500;
+
+/// The fault schedule for a run of `limit_ms` at the default density.
 pub fn fault_plan(
     rng: &mut StdRng,
     families: &[String],
     nodes: usize,
     limit_ms: u64,
 ) -> Vec<PlannedFault> {
+    fault_plan_every(rng, families, nodes, limit_ms, DEFAULT_FAULT_EVERY_MS)
+}
+
+/// Gap and hold ranges (ms, inclusive) for a mean spacing of `every_ms`
+/// between fault starts: holds stay 5–15 s while that leaves a gap of at
+/// least 2.5 s on average, the gap takes the rest (⅔–4⁄3 of its mean);
+/// denser schedules shrink holds and gaps together. Blackholes (snapshot)
+/// keep their 25–40 s, so they stretch the spacing where they are drawn.
+pub fn density(every_ms: u64) -> ((u64, u64), (u64, u64)) {
+    let every = every_ms.clamp(MIN_FAULT_EVERY_MS, MAX_FAULT_EVERY_MS);
+    let (hold, gap_mean) = if every >= FULL_HOLD_EVERY_MS {
+        ((5_000, 15_000), every - 10_000)
+    } else {
+        let scale = |ms: u64| ms * every / FULL_HOLD_EVERY_MS;
+        ((scale(5_000), scale(15_000)), every / 5)
+    };
+    ((gap_mean * 2 / 3, gap_mean * 4 / 3), hold)
+}
+
+/// The fault schedule for a run of `limit_ms`, a fault starting every
+/// `every_ms` on average; faults never overlap. `membership` is not planned
+/// here (see [`member_change`]).
+pub fn fault_plan_every(
+    rng: &mut StdRng,
+    families: &[String],
+    nodes: usize,
+    limit_ms: u64,
+    every_ms: u64,
+) -> Vec<PlannedFault> {
     let mut plan = Vec::new();
     let families: Vec<&String> = families.iter().filter(|f| *f != MEMBERSHIP).collect();
     if families.is_empty() {
         return plan;
     }
+    let ((gap_lo, gap_hi), (hold_lo, hold_hi)) = density(every_ms);
     let mut t = 0u64;
     loop {
-        t += rng.gen_range(5_000..=10_000);
+        t += rng.gen_range(gap_lo..=gap_hi);
         if t + 1_000 >= limit_ms {
             break;
         }
@@ -120,7 +159,7 @@ pub fn fault_plan(
         let fault = fault_of(rng, family, nodes);
         let want = match fault {
             Fault::Snapshot(_) => rng.gen_range(25_000..=40_000),
-            _ => rng.gen_range(5_000..=15_000),
+            _ => rng.gen_range(hold_lo..=hold_hi),
         };
         let hold_ms = want.min(limit_ms - t);
         plan.push(PlannedFault {
@@ -375,6 +414,39 @@ mod tests {
         }
         let c = fault_plan(&mut StdRng::seed_from_u64(8), &f, 5, 300_000);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn fault_every_sets_the_mean_spacing_and_keeps_the_default_plan() {
+        assert_eq!(
+            density(DEFAULT_FAULT_EVERY_MS),
+            ((5_000, 10_000), (5_000, 15_000))
+        );
+        let f = fams(&["kill", "pause", "clock"]);
+        let old = fault_plan(&mut StdRng::seed_from_u64(9), &f, 3, 600_000);
+        let same = fault_plan_every(
+            &mut StdRng::seed_from_u64(9),
+            &f,
+            3,
+            600_000,
+            DEFAULT_FAULT_EVERY_MS,
+        );
+        assert_eq!(old, same);
+        for every_ms in [3_000u64, 6_000, 12_500, 17_500, 40_000] {
+            let limit_ms = every_ms * 400;
+            let plan = fault_plan_every(&mut StdRng::seed_from_u64(3), &f, 3, limit_ms, every_ms);
+            let mean = plan.last().unwrap().at_ms as f64 / plan.len() as f64;
+            let err = (mean - every_ms as f64).abs() / every_ms as f64;
+            assert!(err < 0.1, "every {every_ms}: mean {mean}");
+            let mut end = 0;
+            for p in &plan {
+                assert!(p.at_ms > end, "faults overlap at {every_ms}: {p:?}");
+                end = p.at_ms + p.hold_ms;
+            }
+        }
+        // 90 s at the default: 3–5 faults.
+        let n = fault_plan(&mut StdRng::seed_from_u64(4), &f, 3, 90_000).len();
+        assert!((3..=5).contains(&n), "{n}");
     }
 
     #[test]

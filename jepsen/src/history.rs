@@ -1,11 +1,12 @@
 //! A recorded history parsed and indexed for the checkers: invocations joined
 //! with their completions into operations, nemesis start/stop pairs joined into
-//! fault periods, receipts and final node states kept as recorded. Building a
+//! fault periods, receipts, leader claims and final node states kept as
+//! recorded. Building a
 //! `History` is pure; reading and writing `history.jsonl` lives here too.
 
 use crate::event::{
-    Bounds, Complete, Event, FinalNode, FinalRun, Invoke, Meta, NemesisEvent, OpF, Outcome, Phase,
-    Receipt, Workload,
+    Bounds, Complete, Event, FinalNode, FinalRun, Invoke, LeaderClaim, Meta, NemesisEvent, OpF,
+    Outcome, Phase, Receipt, Workload,
 };
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -74,6 +75,8 @@ pub struct History {
     pub receipts: Vec<Receipt>,
     pub nemesis: Vec<NemesisEvent>,
     pub faults: Vec<FaultPeriod>,
+    /// Leader claims from status polls and node logs, as recorded.
+    pub leaders: Vec<LeaderClaim>,
     pub finals: Vec<FinalNode>,
 }
 
@@ -105,6 +108,7 @@ impl History {
                 }
                 Event::Receipt(r) => h.receipts.push(r),
                 Event::Nemesis(n) => h.nemesis.push(n),
+                Event::Leader(l) => h.leaders.push(l),
                 Event::Final(f) => h.finals.push(f),
             }
         }

@@ -8,6 +8,7 @@
 //! no cluster and no root; the live half (`net`, `cluster`, `nemesis`,
 //! `workload`, `run`) does the driving.
 
+pub mod campaign;
 pub mod check;
 pub mod checker;
 pub mod clean;

@@ -1,15 +1,32 @@
 //! The `kairos-jepsen` command line: `run` a test against a fresh cluster,
-//! `check` a recorded run directory again, or `clean` leftovers of earlier
-//! runs. Exit status: 0 when every checker is valid, 1 when some checker is
-//! not, 2 on a harness error, 3 when the watchdog ended a run, 130 on Ctrl-C.
+//! `campaign` many seeds one after another, `check` a recorded run
+//! directory again, or `clean` leftovers of earlier runs.
+//!
+//! Exit status of `run` (and of `check`, which knows only 0 and 1):
+//! - 0: every checker is valid;
+//! - 1: some checker is not;
+//! - 2: a harness error (the run has no verdict; `results.json` says why);
+//! - 3: the watchdog ended a run that overran its bound;
+//! - 4: the host cannot inject a requested fault family (no namespaces,
+//!   iproute2 or iptables for partition/loss/bandwidth/snapshot, no
+//!   libfaketime for clock, no FUSE for power/disk-*); `results.json`
+//!   names each with the reason. Only `--loopback` asks for fewer faults;
+//! - 130: interrupted (Ctrl-C, SIGTERM).
+//!
+//! `campaign`: 0 when every run is valid, else 4 if the nemesis cannot be
+//! injected, 2 if any run erred or overran, 1 if some run is invalid, 130
+//! when interrupted.
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use kairos_jepsen::campaign::{self, Plan, Verdict, Watchdog};
 use kairos_jepsen::check::{check_dir, print_summary};
 use kairos_jepsen::clean;
 use kairos_jepsen::event::Bounds;
-use kairos_jepsen::generator::FAMILIES;
-use kairos_jepsen::run::{run, RunConfig, OVERHEAD_S};
+use kairos_jepsen::generator::{
+    DEFAULT_FAULT_EVERY_MS, FAMILIES, MAX_FAULT_EVERY_MS, MIN_FAULT_EVERY_MS,
+};
+use kairos_jepsen::run::RunConfig;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -29,6 +46,8 @@ struct Cli {
 enum Cmd {
     /// Start a cluster, inject faults under load, record and check the history.
     Run(RunArgs),
+    /// Run seeds one after another, each on a fresh cluster, and tabulate them.
+    Campaign(CampaignArgs),
     /// Re-run every checker on DIR/history.jsonl and rewrite the reports.
     Check { dir: PathBuf },
     /// Remove namespaces, links and node processes left by earlier runs.
@@ -39,6 +58,32 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct RunArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Seed for the fault schedule and workload choices; random if absent.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Output directory; default jepsen-runs/<unix time>-seed<seed>.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct CampaignArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Seeds: A..B (both included), or a comma list.
+    #[arg(long)]
+    seeds: String,
+    /// Directory for seed-<n>/ and campaign.{md,json}; default
+    /// jepsen-runs/campaign-<unix time>.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// The flags `run` and `campaign` share.
+#[derive(clap::Args)]
+struct Common {
     /// Cluster size: 3 or 5.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
@@ -62,12 +107,10 @@ struct RunArgs {
     /// Client operations per second (register and timers together).
     #[arg(long, default_value_t = 10.0)]
     rate: f64,
-    /// Seed for the fault schedule and workload choices; random if absent.
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Output directory; default jepsen-runs/<unix time>-seed<seed>.
-    #[arg(long)]
-    out: Option<PathBuf>,
+    /// Mean seconds between fault starts (default 17.5: a 5–10 s gap, then
+    /// a fault held 5–15 s).
+    #[arg(long, value_name = "SECS")]
+    fault_every: Option<f64>,
     /// The kairos binary; default: next to this binary, else target/{release,debug}/kairos.
     #[arg(long, env = "KAIROS_BIN")]
     bin: Option<PathBuf>,
@@ -85,7 +128,10 @@ struct RunArgs {
     /// Tolerance for a receipt before its scheduled time.
     #[arg(long, default_value_t = Bounds::default().early_epsilon_ms)]
     early_epsilon_ms: i64,
-    /// Run nodes on loopback even as root (network faults disabled).
+    /// Run nodes on loopback even as root: the network fault families
+    /// (partition, loss, bandwidth, snapshot) are dropped, and results.json
+    /// lists them. Without it, a run that cannot inject every requested
+    /// family fails (exit 4).
     #[arg(long)]
     loopback: bool,
     /// Extra arguments for every `kairos serve`, whitespace-separated. With
@@ -122,6 +168,10 @@ fn main() {
             Ok(code) => code,
             Err(e) => fail(e),
         },
+        Cmd::Campaign(args) => match campaign_cmd(args) {
+            Ok(code) => code,
+            Err(e) => fail(e),
+        },
     };
     std::process::exit(code);
 }
@@ -132,39 +182,57 @@ fn fail(e: anyhow::Error) -> i32 {
 }
 
 fn run_cmd(a: RunArgs) -> Result<i32> {
-    let cfg = config(a)?;
+    let seed = a.seed.unwrap_or_else(rand::random);
+    let out = a
+        .out
+        .unwrap_or_else(|| PathBuf::from(format!("jepsen-runs/{}-seed{seed}", unix_s())));
+    let cfg = config(&a.common, seed, out)?;
     println!("seed {} · out {}", cfg.seed, cfg.out.display());
     clean::install_panic_hook();
-    let hard_limit = Duration::from_secs(cfg.time_limit_s + cfg.quiet_s + OVERHEAD_S);
-    std::thread::spawn(move || {
-        std::thread::sleep(hard_limit);
-        eprintln!("kairos-jepsen: watchdog: run exceeded {hard_limit:?}, tearing down");
-        clean::cleanup_registered();
-        std::process::exit(3);
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let out = cfg.out.clone();
-    let result = rt.block_on(async move {
-        tokio::select! {
-            r = run(cfg) => Some(r),
-            _ = interrupted() => None,
+    let o = campaign::run_one(cfg, &Watchdog::start());
+    match (&o.summary, &o.error) {
+        (Some(s), _) => {
+            print_summary(s);
+            println!(
+                "reports: {}/{{results.json,lateness.svg,timeline.html}}",
+                out.display()
+            );
         }
-    });
-    let Some(result) = result else {
-        eprintln!("kairos-jepsen: interrupted, tearing down");
-        clean::cleanup_registered();
-        return Ok(130);
+        (None, Some(e)) => eprintln!("kairos-jepsen: {e}"),
+        (None, None) => {}
+    }
+    if o.verdict == Verdict::Interrupted {
+        eprintln!("kairos-jepsen: interrupted, torn down");
+    }
+    Ok(o.verdict.exit_code())
+}
+
+fn campaign_cmd(a: CampaignArgs) -> Result<i32> {
+    let seeds = campaign::parse_seeds(&a.seeds)?;
+    let dir = a
+        .out
+        .unwrap_or_else(|| PathBuf::from(format!("jepsen-runs/campaign-{}", unix_s())));
+    // Validate the flags once, before the first cluster starts.
+    let first = config(&a.common, seeds[0], dir.join("seed-check"))?;
+    let plan = Plan {
+        seeds,
+        nodes: first.nodes,
+        time_limit_s: first.time_limit_s,
+        nemeses: first.nemeses.clone(),
+        workloads: first.workloads.clone(),
+        fault_every_ms: first.fault_every_ms,
+        loopback: first.loopback,
     };
-    clean::cleanup_registered();
-    let summary = result?;
-    print_summary(&summary);
-    println!(
-        "reports: {}/{{results.json,lateness.svg,timeline.html}}",
-        out.display()
-    );
-    Ok(i32::from(!summary.valid))
+    clean::install_panic_hook();
+    campaign::run_campaign(&dir, &plan, |seed, out| config(&a.common, seed, out))
+}
+
+fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn status_cmd(addr: &str) -> Result<()> {
@@ -192,15 +260,7 @@ fn status_cmd(addr: &str) -> Result<()> {
     })
 }
 
-async fn interrupted() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-    }
-}
-
-fn config(a: RunArgs) -> Result<RunConfig> {
+fn config(a: &Common, seed: u64, out: PathBuf) -> Result<RunConfig> {
     if a.nodes != 3 && a.nodes != 5 {
         bail!("--nodes must be 3 or 5");
     }
@@ -217,16 +277,23 @@ fn config(a: RunArgs) -> Result<RunConfig> {
     if !(0.1..=1_000.0).contains(&a.rate) || a.time_limit == 0 || a.time_limit > 24 * 3600 {
         bail!("--rate must be in 0.1..=1000 and --time-limit in 1..=86400");
     }
-    let seed = a.seed.unwrap_or_else(rand::random);
-    let out = a.out.unwrap_or_else(|| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        PathBuf::from(format!("jepsen-runs/{t}-seed{seed}"))
-    });
-    let bin = match a.bin {
-        Some(b) => b,
+    let fault_every_ms = match a.fault_every {
+        None => DEFAULT_FAULT_EVERY_MS,
+        Some(s) => {
+            let ms = (s * 1000.0).round();
+            let range = MIN_FAULT_EVERY_MS as f64..=MAX_FAULT_EVERY_MS as f64;
+            if !range.contains(&ms) {
+                bail!(
+                    "--fault-every must be in {}..={} seconds",
+                    MIN_FAULT_EVERY_MS / 1000,
+                    MAX_FAULT_EVERY_MS / 1000
+                );
+            }
+            ms as u64
+        }
+    };
+    let bin = match &a.bin {
+        Some(b) => b.clone(),
         None => default_bin()?,
     };
     if !bin.exists() {
@@ -241,7 +308,7 @@ fn config(a: RunArgs) -> Result<RunConfig> {
         early_epsilon_ms: a.early_epsilon_ms,
         ..Bounds::default()
     };
-    let node_args = match a.node_args {
+    let node_args = match &a.node_args {
         Some(s) => s.split_whitespace().map(String::from).collect(),
         None if a.nemesis.iter().any(|f| f == "snapshot") => {
             SNAPSHOT_NODE_ARGS.iter().map(|s| s.to_string()).collect()
@@ -251,8 +318,8 @@ fn config(a: RunArgs) -> Result<RunConfig> {
     Ok(RunConfig {
         nodes: a.nodes,
         time_limit_s: a.time_limit,
-        nemeses: a.nemesis.into_iter().filter(|f| f != "none").collect(),
-        workloads: a.workload,
+        nemeses: a.nemesis.iter().filter(|f| *f != "none").cloned().collect(),
+        workloads: a.workload.clone(),
         rate: a.rate,
         seed,
         out,
@@ -263,6 +330,7 @@ fn config(a: RunArgs) -> Result<RunConfig> {
         loopback: a.loopback,
         node_args,
         plain: a.plain,
+        fault_every_ms,
     })
 }
 

@@ -3,14 +3,23 @@
 //! the nemesis for the time limit, heal everything, let the cluster settle,
 //! write a probe, pause the interval jobs (closing the checking window), let
 //! the replicas converge, record every node's final state, tear down, and
-//! judge the history with `check::check_dir`.
+//! judge the history with `check::check_dir`. Beside the workloads a poller
+//! records who claims to lead which term (`leader` events), and at the end
+//! the nodes' logs add their own "leading" lines.
+//!
+//! A run injects every fault family it was asked for or fails before it
+//! starts (`Unsupported`, exit code 4): only `--loopback` asks for fewer,
+//! and the families it drops are stated in the history's `meta`.
 
 use crate::check::{self, Summary, HISTORY_FILE};
+use crate::checker::leaders;
 use crate::client::{self, Node, FAR_FUTURE_MS};
 use crate::clock::Clock;
 use crate::cluster::{Cluster, NodeSpec, FAKETIME_LIB};
-use crate::event::{Bounds, Event, FinalNode, Meta, NodeInfo, OpF, Outcome, Workload};
-use crate::generator::{fault_plan, MEMBERSHIP, NETWORK_FAMILIES};
+use crate::event::{
+    Bounds, DroppedNemesis, Event, FinalNode, LeaderClaim, Meta, NodeInfo, OpF, Outcome, Workload,
+};
+use crate::generator::{fault_plan_every, MEMBERSHIP, NETWORK_FAMILIES};
 use crate::membership::Membership;
 use crate::nemesis::Nemesis;
 use crate::net::{self, Net};
@@ -21,8 +30,9 @@ use anyhow::{bail, Context, Result};
 use kairos_proto::v1::schedule::Kind;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::collections::{BTreeSet, HashSet};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,6 +59,182 @@ pub struct RunConfig {
     pub node_args: Vec<String>,
     /// Without TLS and tokens (the default runs with both).
     pub plain: bool,
+    /// Mean spacing between fault starts (`generator::density`).
+    pub fault_every_ms: u64,
+}
+
+/// Exit code of a run that could not inject a fault family it was asked for.
+pub const EXIT_UNSUPPORTED: i32 = 4;
+/// Exit code of any other harness error.
+pub const EXIT_HARNESS_ERROR: i32 = 2;
+/// Families that run their nodes on a FUSE filesystem (`cluster.rs`).
+pub const FUSE_FAMILIES: [&str; 4] = ["power", "disk-full", "disk-error", "slow-disk"];
+/// Leader claims recorded per run, at most (first sightings only).
+const MAX_LEADER_CLAIMS: usize = 100_000;
+/// How often the leader poller asks one slot (round robin) for its status.
+const LEADER_POLL: Duration = Duration::from_secs(1);
+
+/// What this host can inject; `Err` says why not.
+#[derive(Debug, Clone)]
+pub struct Caps {
+    pub namespaces: Result<(), String>,
+    pub faketime: Result<(), String>,
+    pub fuse: Result<(), String>,
+}
+
+impl Caps {
+    /// Probes the host (creating and deleting a namespace as root).
+    pub fn probe() -> Caps {
+        Caps {
+            namespaces: namespaces_status(),
+            faketime: if Path::new(FAKETIME_LIB).exists() {
+                Ok(())
+            } else {
+                Err(format!("{FAKETIME_LIB} missing (apt-get install faketime)"))
+            },
+            fuse: fuse_status(),
+        }
+    }
+}
+
+/// The fault families a run injects, and those `--loopback` dropped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NemesisChoice {
+    pub nemeses: Vec<String>,
+    pub dropped: Vec<DroppedNemesis>,
+}
+
+/// A run was asked for fault families this host cannot inject.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unsupported(pub Vec<DroppedNemesis>);
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let each: Vec<String> = self
+            .0
+            .iter()
+            .map(|d| format!("{}: {}", d.family, d.reason))
+            .collect();
+        write!(
+            f,
+            "cannot inject the requested nemesis ({}); fix the host, drop the family from --nemesis, \
+             or pass --loopback to run without the network faults",
+            each.join("; ")
+        )
+    }
+}
+
+impl std::error::Error for Unsupported {}
+
+/// What a family needs from the host, if anything.
+fn need<'a>(family: &str, caps: &'a Caps) -> Option<&'a Result<(), String>> {
+    if NETWORK_FAMILIES.contains(&family) {
+        Some(&caps.namespaces)
+    } else if family == "clock" {
+        Some(&caps.faketime)
+    } else if FUSE_FAMILIES.contains(&family) {
+        Some(&caps.fuse)
+    } else {
+        None
+    }
+}
+
+/// Decides which requested families a run injects. `--loopback` drops the
+/// network families (and says so); any other family the host cannot
+/// inject — or a network family without `--loopback` — fails the run.
+pub fn choose_nemeses(
+    requested: &[String],
+    caps: &Caps,
+    loopback: bool,
+) -> Result<NemesisChoice, Unsupported> {
+    let mut choice = NemesisChoice {
+        nemeses: Vec::new(),
+        dropped: Vec::new(),
+    };
+    let mut missing = Vec::new();
+    for f in requested {
+        if loopback && NETWORK_FAMILIES.contains(&f.as_str()) {
+            choice.dropped.push(DroppedNemesis {
+                family: f.clone(),
+                reason: "--loopback: nodes share 127.0.0.1, no network faults".into(),
+            });
+            continue;
+        }
+        match need(f, caps) {
+            Some(Err(why)) => missing.push(DroppedNemesis {
+                family: f.clone(),
+                reason: why.clone(),
+            }),
+            _ => choice.nemeses.push(f.clone()),
+        }
+    }
+    if missing.is_empty() {
+        Ok(choice)
+    } else {
+        Err(Unsupported(missing))
+    }
+}
+
+/// Exit code for a run that ended in `e`.
+pub fn error_code(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<Unsupported>().is_some() {
+        EXIT_UNSUPPORTED
+    } else {
+        EXIT_HARNESS_ERROR
+    }
+}
+
+/// Writes `results.json` for a run that ended without a verdict.
+pub fn record_error(out: &Path, e: &anyhow::Error, code: i32) {
+    let unsupported = e
+        .downcast_ref::<Unsupported>()
+        .map(|u| u.0.clone())
+        .unwrap_or_default();
+    if let Err(w) = crate::report::write_error(out, &format!("{e:#}"), code, &unsupported) {
+        eprintln!("kairos-jepsen: could not write results.json: {w:#}");
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+fn namespaces_status() -> Result<(), String> {
+    if !is_root() {
+        return Err("network namespaces need root".into());
+    }
+    for (cmd, arg, pkg) in [
+        ("ip", "-V", "iproute2"),
+        ("iptables", "--version", "iptables"),
+    ] {
+        if !clean::quiet(cmd, &[arg]) {
+            return Err(format!("`{cmd}` not found (apt-get install {pkg})"));
+        }
+    }
+    if !net::namespaces_available() {
+        return Err("could not create a network namespace with iptables in it".into());
+    }
+    Ok(())
+}
+
+fn fuse_status() -> Result<(), String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse missing (FUSE not available)".into());
+    }
+    let fusermount = ["fusermount3", "fusermount"]
+        .iter()
+        .any(|c| clean::quiet(c, &["-V"]));
+    if !is_root() && !fusermount {
+        return Err("mounting FUSE needs root or fusermount3".into());
+    }
+    Ok(())
 }
 
 /// Upper bound on a run's wall time beyond its time limit.
@@ -83,18 +269,21 @@ pub async fn run(cfg: RunConfig) -> Result<Summary> {
     }
     std::fs::create_dir_all(&cfg.out)?;
     let id = run_id();
-    let use_ns = !cfg.loopback && net::namespaces_available();
-    let mut nemeses = cfg.nemeses.clone();
+    let caps = Caps::probe();
+    let choice = choose_nemeses(&cfg.nemeses, &caps, cfg.loopback)?;
+    for d in &choice.dropped {
+        println!("NOTE: {} faults not injected: {}", d.family, d.reason);
+    }
+    let use_ns = !cfg.loopback && caps.namespaces.is_ok();
     if !use_ns {
-        println!("NOTE: no network namespaces (not root, or --loopback): nodes run on 127.0.0.1 and the {NETWORK_FAMILIES:?} faults are disabled");
-        nemeses.retain(|f| !NETWORK_FAMILIES.contains(&f.as_str()));
+        let why = match &caps.namespaces {
+            _ if cfg.loopback => "--loopback".to_string(),
+            Err(e) => e.clone(),
+            Ok(()) => String::new(),
+        };
+        println!("NOTE: nodes run on 127.0.0.1 ({why})");
     }
-    let faketime =
-        nemeses.iter().any(|f| f == "clock") && std::path::Path::new(FAKETIME_LIB).exists();
-    if nemeses.iter().any(|f| f == "clock") && !faketime {
-        println!("NOTE: {FAKETIME_LIB} missing (apt-get install faketime): clock faults disabled");
-        nemeses.retain(|f| f != "clock");
-    }
+    let faketime = choice.nemeses.iter().any(|f| f == "clock");
     let net = if use_ns {
         Some(Arc::new(Net::create(
             &id,
@@ -112,7 +301,7 @@ pub async fn run(cfg: RunConfig) -> Result<Summary> {
         cluster.secure(&cfg.out)?;
     }
     let cluster = Arc::new(cluster);
-    let result = drive(&cfg, &id, &nemeses, cluster.clone(), net.clone()).await;
+    let result = drive(&cfg, &id, &choice, cluster.clone(), net.clone()).await;
     cluster.shutdown();
     if let Some(n) = &net {
         n.destroy();
@@ -221,15 +410,19 @@ struct Workloads {
 async fn drive(
     cfg: &RunConfig,
     id: &str,
-    nemeses: &[String],
+    choice: &NemesisChoice,
     cluster: Arc<Cluster>,
     net: Option<Arc<Net>>,
 ) -> Result<()> {
+    let nemeses = &choice.nemeses;
     let clock = Clock::new();
     let rec = Recorder::create(&cfg.out.join(HISTORY_FILE), clock.clone())?;
     let nodes = start_nodes(cfg, id, &cluster).await?;
-    let m = meta(cfg, id, nemeses, &nodes, net.is_some(), clock.now_ms());
+    let mut m = meta(cfg, id, nemeses, &nodes, net.is_some(), clock.now_ms());
+    m.dropped_nemeses = choice.dropped.clone();
     rec.record(Event::Meta(m)).await;
+    let (stop_poller, poller_rx) = watch::channel(false);
+    let poller = tokio::spawn(poll_leaders(rec.clone(), nodes.clone(), poller_rx));
     let live = Live {
         rec,
         nodes,
@@ -238,7 +431,13 @@ async fn drive(
     };
     let w = spawn_workloads(cfg, &live);
     let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let plan = fault_plan(&mut rng, nemeses, live.nodes.len(), cfg.time_limit_s * 1000);
+    let plan = fault_plan_every(
+        &mut rng,
+        nemeses,
+        live.nodes.len(),
+        cfg.time_limit_s * 1000,
+        cfg.fault_every_ms,
+    );
     println!("nemesis plan: {} faults", plan.len());
     let membership = nemeses.iter().any(|f| f == MEMBERSHIP).then(|| {
         let rng = StdRng::seed_from_u64(cfg.seed ^ MEMBERSHIP_SALT);
@@ -249,7 +448,13 @@ async fn drive(
             m
         })
     });
-    let mut nemesis = Nemesis::new(cluster, net, live.nodes.clone(), live.rec.clone(), rng);
+    let mut nemesis = Nemesis::new(
+        cluster.clone(),
+        net,
+        live.nodes.clone(),
+        live.rec.clone(),
+        rng,
+    );
     let (t0, stop) = (tokio::time::Instant::now(), w.clients_rx.clone());
     let nemesis_task = tokio::spawn(async move {
         nemesis.run_plan(plan, t0, stop).await;
@@ -270,8 +475,83 @@ async fn drive(
     for f in final_reads(&live.rec, &live.nodes, &ids).await {
         live.rec.record(Event::Final(f)).await;
     }
+    let _ = stop_poller.send(true);
+    let _ = poller.await;
+    for c in log_claims(&cluster) {
+        live.rec.record(Event::Leader(c)).await;
+    }
     live.rec.sync().await;
     Ok(())
+}
+
+/// Asks one slot a second (round robin) for its `Cluster.Status` — its own
+/// view and each peer's, each node reporting its role and term — and
+/// records every node that says it leads, the first time each (reporter,
+/// node, term) is seen. One call a second, since every status makes each
+/// node hash its state.
+async fn poll_leaders(rec: Recorder, nodes: Arc<Vec<Node>>, mut stop: watch::Receiver<bool>) {
+    let mut seen: HashSet<(u64, u64, u64)> = HashSet::new();
+    let mut slot = 0usize;
+    loop {
+        let node = &nodes[slot % nodes.len()];
+        slot += 1;
+        let reporter = node.id();
+        if let Ok(s) = client::status(&node.channel, Duration::from_millis(800)).await {
+            let time_ms = rec.now_ms();
+            for n in s.nodes.iter().filter(|n| n.role == "leader") {
+                if seen.len() < MAX_LEADER_CLAIMS && seen.insert((reporter, n.id, n.term)) {
+                    let claim = LeaderClaim {
+                        time_ms,
+                        term: n.term,
+                        node: n.id,
+                        source: "status".into(),
+                        reporter,
+                        node_time: String::new(),
+                    };
+                    rec.record(Event::Leader(claim)).await;
+                }
+            }
+        }
+        let next = tokio::time::Instant::now() + LEADER_POLL;
+        if crate::nemesis::stopped_during(&mut stop, next).await {
+            return;
+        }
+    }
+}
+
+/// The "leading" lines of every slot's log, as leader claims.
+fn log_claims(cluster: &Cluster) -> Vec<LeaderClaim> {
+    let mut out = Vec::new();
+    for spec in &cluster.nodes {
+        let Ok(f) = std::fs::File::open(spec.log_path()) else {
+            continue;
+        };
+        let mut relevant = String::new();
+        for line in std::io::BufReader::new(f)
+            .lines()
+            .take(leaders::MAX_LOG_LINES)
+            .map_while(|l| l.ok())
+        {
+            if line.starts_with(leaders::START_MARKER) || line.contains(leaders::LEADING_LOG) {
+                relevant.push_str(&line);
+                relevant.push('\n');
+            }
+        }
+        let mut seen = HashSet::new();
+        for c in leaders::parse_log(&relevant) {
+            if seen.insert((c.node, c.term)) && out.len() < MAX_LEADER_CLAIMS {
+                out.push(LeaderClaim {
+                    time_ms: c.time_ms,
+                    term: c.term,
+                    node: c.node,
+                    source: "log".into(),
+                    reporter: c.node,
+                    node_time: c.node_time,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Starts every node and waits for a leader.
@@ -438,6 +718,7 @@ fn meta(
         nemeses: nemeses.to_vec(),
         workloads: cfg.workloads.clone(),
         bounds: cfg.bounds,
+        dropped_nemeses: Vec::new(),
     }
 }
 
@@ -501,5 +782,82 @@ async fn quiesce(ctx: &Ctx, ids: &[String]) {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fams(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn caps(namespaces: bool, faketime: bool, fuse: bool) -> Caps {
+        let why = |ok: bool, r: &str| if ok { Ok(()) } else { Err(r.to_string()) };
+        Caps {
+            namespaces: why(namespaces, "network namespaces need root"),
+            faketime: why(faketime, "libfaketime missing"),
+            fuse: why(fuse, "/dev/fuse missing"),
+        }
+    }
+
+    #[test]
+    fn a_family_the_host_cannot_inject_fails_the_run() {
+        let asked = fams(&["partition", "kill", "pause", "clock", "membership"]);
+        let err = choose_nemeses(&asked, &caps(false, true, true), false).unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert_eq!(err.0[0].family, "partition");
+        assert_eq!(err.0[0].reason, "network namespaces need root");
+        let text = err.to_string();
+        assert!(
+            text.contains("partition: network namespaces need root"),
+            "{text}"
+        );
+        // Every missing family is named, whatever it needs.
+        let asked = fams(&["loss", "clock", "power", "kill"]);
+        let err = choose_nemeses(&asked, &caps(false, false, false), false).unwrap_err();
+        let named: Vec<&str> = err.0.iter().map(|d| d.family.as_str()).collect();
+        assert_eq!(named, vec!["loss", "clock", "power"]);
+        let e = anyhow::Error::new(err);
+        assert_eq!(error_code(&e), EXIT_UNSUPPORTED);
+        assert_eq!(
+            error_code(&anyhow::anyhow!("no leader")),
+            EXIT_HARNESS_ERROR
+        );
+    }
+
+    #[test]
+    fn only_loopback_drops_the_network_families_and_says_so() {
+        let asked = fams(&["partition", "kill", "snapshot", "clock"]);
+        let c = choose_nemeses(&asked, &caps(false, true, false), true).unwrap();
+        assert_eq!(c.nemeses, fams(&["kill", "clock"]));
+        let dropped: Vec<&str> = c.dropped.iter().map(|d| d.family.as_str()).collect();
+        assert_eq!(dropped, vec!["partition", "snapshot"]);
+        assert!(c.dropped[0].reason.contains("--loopback"));
+        // --loopback excuses only the network: a missing libfaketime still fails.
+        assert!(choose_nemeses(&asked, &caps(true, false, true), true).is_err());
+    }
+
+    #[test]
+    fn a_capable_host_injects_everything_asked() {
+        let asked = fams(&[
+            "partition",
+            "kill",
+            "pause",
+            "clock",
+            "loss",
+            "bandwidth",
+            "snapshot",
+            "membership",
+            "disk-full",
+        ]);
+        let c = choose_nemeses(&asked, &caps(true, true, true), false).unwrap();
+        assert_eq!(c.nemeses, asked);
+        assert!(c.dropped.is_empty());
+        // Without namespaces, families that need none still run.
+        let asked = fams(&["kill", "pause", "membership"]);
+        let c = choose_nemeses(&asked, &caps(false, true, false), false).unwrap();
+        assert_eq!(c.nemeses, asked);
     }
 }

@@ -231,6 +231,7 @@ fn healthy_meta() -> Event {
             execution_grace_ms: 2_000,
             ..Bounds::default()
         },
+        dropped_nemeses: Vec::new(),
     })
 }
 
@@ -248,6 +249,18 @@ fn healthy_ops() -> Vec<Event> {
         reg_op(7, 1, b + 2_300, get, None, None, ok, Some(2), Some(2)),
     ]
     .concat()
+}
+
+/// `node` claims to lead `term`, as seen by `reporter` at `t` through `source`.
+pub fn leader_claim(t: i64, term: u64, node: u64, reporter: u64, source: &str) -> Event {
+    Event::Leader(LeaderClaim {
+        time_ms: t,
+        term,
+        node,
+        source: source.to_string(),
+        reporter,
+        node_time: String::new(),
+    })
 }
 
 /// Applies `f` to every final node state of `events`.

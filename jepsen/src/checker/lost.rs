@@ -2,22 +2,24 @@
 //! the final state of every caught-up replica, unless some delete of it may
 //! have taken effect (acknowledged or unknown, completing after the create was
 //! invoked). A one-shot timer that already fired counts as present through its
-//! fire record, in case the server retires fired timers.
+//! fire record, in case the server retires fired timers. Each loss names
+//! the create (op id, times) and the node that acknowledged it.
 
 use super::CheckResult;
 use crate::event::{OpF, Outcome, Workload};
-use crate::history::History;
+use crate::history::{History, Op};
 use serde_json::json;
 use std::collections::BTreeSet;
 
 pub const NAME: &str = "no-lost-jobs";
 
 /// Workloads whose creates are tracked.
-const TRACKED: [Workload; 4] = [
+const TRACKED: [Workload; 5] = [
     Workload::Register,
     Workload::Interval,
     Workload::Timers,
     Workload::Probe,
+    Workload::Workflow,
 ];
 
 pub fn check(h: &History) -> CheckResult {
@@ -33,15 +35,19 @@ pub fn check(h: &History) -> CheckResult {
         return r;
     }
     r.add("replicas", finals.len() as u64);
-    for (key, workload, acked_ms) in must_exist(h) {
+    for o in must_exist(h) {
         r.add("acknowledged", 1);
+        let (key, workload) = (&o.invoke.key, o.invoke.workload);
         for f in &finals {
-            let has_job = f.jobs.iter().any(|j| j.id == key);
-            let fired = workload == Workload::Timers && f.runs.iter().any(|x| x.job == key);
+            let has_job = f.jobs.iter().any(|j| j.id == *key);
+            let fired = workload == Workload::Timers && f.runs.iter().any(|x| x.job == *key);
             if !has_job && !fired {
                 r.flag(
                     "lost",
-                    json!({"key": key, "workload": workload, "acknowledged_at_ms": acked_ms,
+                    json!({"key": key, "workload": workload, "op": o.invoke.op,
+                           "invoked_at_ms": o.invoke.time_ms,
+                           "acknowledged_at_ms": o.complete_ms(),
+                           "acknowledged_by": o.invoke.node,
                            "node": f.node, "applied_index": f.applied_index}),
                 );
             }
@@ -50,9 +56,8 @@ pub fn check(h: &History) -> CheckResult {
     r
 }
 
-/// Keys with an acknowledged create that no delete may have undone, with the
-/// time the create was acknowledged.
-pub fn must_exist(h: &History) -> Vec<(String, Workload, i64)> {
+/// The first acknowledged create of each key that no delete may have undone.
+pub fn must_exist(h: &History) -> Vec<&Op> {
     let mut out = Vec::new();
     let mut seen = BTreeSet::new();
     for o in &h.ops {
@@ -69,7 +74,7 @@ pub fn must_exist(h: &History) -> Vec<(String, Workload, i64)> {
                 && d.complete_ms() > created_ms
         });
         if !maybe_deleted && seen.insert(key.clone()) {
-            out.push((key.clone(), w, o.complete_ms()));
+            out.push(o);
         }
     }
     out
@@ -100,6 +105,25 @@ mod tests {
         let r = check_events(ev);
         assert!(!r.valid);
         assert_eq!(r.counts["lost"], 3);
+        let ex = &r.counterexamples[0];
+        assert_eq!(ex["op"], 1);
+        assert_eq!(ex["acknowledged_by"], 1);
+        assert_eq!(ex["invoked_at_ms"], BASE_MS + 1_000);
+        assert_eq!(ex["acknowledged_at_ms"], BASE_MS + 1_010);
+    }
+
+    #[test]
+    fn lost_workflow_job_is_flagged() {
+        let mut ev = healthy_history();
+        ev.extend(create_ok(40, BASE_MS + 500, Workload::Workflow, "wf0-b", 0));
+        assert_eq!(check_events(ev.clone()).counts["lost"], 3);
+        edit_finals(&mut ev, |f| {
+            f.jobs.push(crate::event::FinalJob {
+                id: "wf0-b".into(),
+                ..Default::default()
+            })
+        });
+        assert!(check_events(ev).valid);
     }
 
     #[test]

@@ -103,13 +103,17 @@ fn expected(h: &History, window_end: i64) -> Vec<(String, Vec<i64>)> {
     out
 }
 
-/// Any update or delete that may have touched the job (pausing for quiesce
-/// happens after the window and does not count).
+/// Any update, delete, pause or resume that may have touched the job (a
+/// paused job skips occurrences; pausing for quiesce happens after the
+/// window and does not count).
 fn modified(h: &History, create: &Op) -> bool {
     h.ops.iter().any(|o| {
-        o.invoke.key == create.invoke.key
-            && matches!(o.invoke.f, OpF::Update | OpF::Delete)
-            && o.outcome() != Outcome::Fail
+        let touches = match o.invoke.f {
+            OpF::Update | OpF::Delete | OpF::Resume => true,
+            OpF::Pause => o.invoke.workload != Workload::Quiesce,
+            OpF::Create | OpF::Get => false,
+        };
+        o.invoke.key == create.invoke.key && touches && o.outcome() != Outcome::Fail
     })
 }
 
@@ -179,6 +183,28 @@ mod tests {
         let r = check_events(ev);
         assert!(r.valid, "{r:?}");
         assert!(r.counts["not_yet_due"] >= 3);
+    }
+
+    #[test]
+    fn paused_interval_job_is_not_expected() {
+        let mut ev = healthy_history();
+        ev.extend(create_ok(
+            60,
+            BASE_MS + 1_000,
+            Workload::Interval,
+            "int-p0",
+            BASE_MS + 2_000,
+        ));
+        // No fire records at all: only its pause excuses that.
+        assert!(check_events(ev.clone()).counts["missing"] > 0);
+        ev.extend(simple_ok(
+            61,
+            BASE_MS + 1_100,
+            Workload::Interval,
+            OpF::Pause,
+            "int-p0",
+        ));
+        assert!(check_events(ev).valid);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod cancelled;
 pub mod early;
 pub mod exactly_once;
 pub mod execution;
+pub mod leaders;
 pub mod linearizable;
 pub mod liveness;
 pub mod lost;
@@ -15,6 +16,7 @@ pub mod membership;
 pub mod missed;
 pub mod receipts;
 pub mod replicas;
+pub mod undone;
 pub mod wgl;
 pub mod workflow;
 
@@ -80,6 +82,7 @@ pub fn check_all(h: &History) -> Vec<CheckResult> {
     vec![
         linearizable::check(h),
         lost::check(h),
+        undone::check(h),
         exactly_once::check(h),
         replicas::check(h),
         missed::check(h),
@@ -88,6 +91,7 @@ pub fn check_all(h: &History) -> Vec<CheckResult> {
         receipts::check(h),
         execution::check(h),
         liveness::check(h),
+        leaders::check(h),
         membership::check(h),
         workflow::check(h),
     ]

@@ -1,7 +1,8 @@
 //! `timeline.html`: the verdict table and, on one time axis, a row of fault
 //! periods, one row per (workload, node) of client operations drawn from
 //! invocation to completion coloured by outcome (unknown ones run to the end),
-//! and a row of worker receipts. Hovering shows each item's details.
+//! a row of worker receipts, and a row of leader claims (term and node, as
+//! first seen by each source). Hovering shows each item's details.
 
 use super::{esc, fault_color};
 use crate::check::Summary;
@@ -14,6 +15,7 @@ use std::fmt::Write;
 /// Operations drawn, at most (the rest are counted, not drawn).
 const MAX_OPS_DRAWN: usize = 6_000;
 const MAX_RECEIPTS_DRAWN: usize = 6_000;
+const MAX_CLAIMS_DRAWN: usize = 2_000;
 const W: f64 = 1400.0;
 const LEFT: f64 = 150.0;
 const ROW: f64 = 18.0;
@@ -44,6 +46,19 @@ pub fn timeline_html(h: &History, s: &Summary) -> String {
         h.receipts.len(),
         h.faults.len()
     );
+    if !h.meta.dropped_nemeses.is_empty() {
+        let dropped: Vec<String> = h
+            .meta
+            .dropped_nemeses
+            .iter()
+            .map(|d| format!("{} ({})", d.family, d.reason))
+            .collect();
+        let _ = write!(
+            out,
+            "<p class=\"fail\">not injected: {}</p>",
+            esc(&dropped.join("; "))
+        );
+    }
     verdict_table(&mut out, s);
     out.push_str("<h3>Lateness</h3><img src=\"lateness.svg\" alt=\"lateness plot\">");
     out.push_str("<h3>Timeline</h3>");
@@ -105,7 +120,8 @@ fn timeline_svg(out: &mut String, h: &History) {
         .map(|(i, n)| (n, i + fault_rows))
         .collect();
     let receipts_y = row_y(rows.len() + fault_rows);
-    let axis_y = receipts_y + ROW + 4.0;
+    let leaders_y = receipts_y + ROW;
+    let axis_y = leaders_y + ROW + 4.0;
     let _ = write!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}" font-size="11">"#,
@@ -115,6 +131,7 @@ fn timeline_svg(out: &mut String, h: &History) {
     fault_row(out, h, &ax);
     op_rows(out, h, &ax, &rows);
     receipt_row(out, h, &ax, receipts_y);
+    leader_row(out, h, &ax, leaders_y);
     let _ = write!(
         out,
         r#"<text x="{LEFT}" y="{}">{} s total; {} of {} ops drawn; green ok, red fail, orange unknown</text></svg>"#,
@@ -222,6 +239,36 @@ fn receipt_row(out: &mut String, h: &History, ax: &Axis, y: f64) {
     }
 }
 
+/// A tick per first sighting of (term, node, source); log claims stand at
+/// the node's own clock.
+fn leader_row(out: &mut String, h: &History, ax: &Axis, y: f64) {
+    let _ = write!(out, r#"<text x="4" y="{}">leaders</text>"#, y + 12.0);
+    let mut seen = BTreeSet::new();
+    let firsts = h
+        .leaders
+        .iter()
+        .filter(|c| seen.insert((c.term, c.node, c.source.as_str())))
+        .take(MAX_CLAIMS_DRAWN);
+    for c in firsts {
+        let px = ax.x(c.time_ms);
+        let _ = write!(
+            out,
+            r##"<line x1="{px:.1}" y1="{}" x2="{px:.1}" y2="{}" stroke="#762a83"><title>term {} led by n{} ({} via n{}) {}</title></line><text x="{:.1}" y="{}" font-size="9" fill="#762a83">{}:{}</text>"##,
+            y + 2.0,
+            y + ROW - 4.0,
+            c.term,
+            c.node,
+            esc(&c.source),
+            c.reporter,
+            esc(&c.node_time),
+            px + 1.5,
+            y + 11.0,
+            c.term,
+            c.node
+        );
+    }
+}
+
 fn row_name(o: &crate::history::Op) -> String {
     format!("{:?} → n{}", o.invoke.workload, o.invoke.node).to_lowercase()
 }
@@ -242,5 +289,6 @@ mod tests {
         }
         assert!(html.contains("valid"));
         assert!(html.contains("receipts"));
+        assert!(html.contains("leaders"));
     }
 }

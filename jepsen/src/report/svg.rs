@@ -28,6 +28,10 @@ pub fn fault_color(fault: &str) -> &'static str {
         "bandwidth" => "#e0e0e0",
         "snapshot" => "#a6dba0",
         "membership" => "#fee08b",
+        "power" => "#b2182b",
+        "disk-full" => "#bf812d",
+        "disk-error" => "#8c510a",
+        "slow-disk" => "#dfc27d",
         _ => "#dddddd",
     }
 }
