@@ -5,7 +5,11 @@
 //! every run) removes leftovers of earlier runs whose harness is gone: node
 //! processes carry `KAIROS_JEPSEN_RUN`/`KAIROS_JEPSEN_OWNER` in their
 //! environment, and namespaces and links follow the `kj<runid>…` naming.
+//! Lazy disks (`disk.rs`) are FUSE mounts of the source `kairos-lazyfs`:
+//! their daemons are harness processes like the nodes, and a mount whose
+//! daemon is gone (it answers ENOTCONN) is unmounted lazily.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
@@ -22,13 +26,18 @@ struct Registry {
     pids: Vec<(u32, u64)>,
     netns: Vec<String>,
     links: Vec<String>,
+    mounts: Vec<PathBuf>,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     pids: Vec::new(),
     netns: Vec::new(),
     links: Vec::new(),
+    mounts: Vec::new(),
 });
+
+/// The source of a lazy disk's mount in /proc/self/mounts (its type is `fuse`).
+pub const LAZYFS_SOURCE: &str = "kairos-lazyfs";
 
 fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     let mut g = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
@@ -53,6 +62,76 @@ pub fn register_link(name: &str) {
     with(|r| r.links.push(name.to_string()));
 }
 
+pub fn register_mount(path: &Path) {
+    with(|r| r.mounts.push(path.to_owned()));
+}
+
+pub fn unregister_mount(path: &Path) {
+    with(|r| r.mounts.retain(|m| m != path));
+}
+
+/// (mount point, is a lazy disk) of every mount this process sees.
+fn mounts() -> Vec<(PathBuf, bool)> {
+    let text = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let (source, at, kind) = (f.next()?, f.next()?, f.next()?);
+            let lazy = source == LAZYFS_SOURCE && kind.starts_with("fuse");
+            Some((PathBuf::from(at.replace("\\040", " ")), lazy))
+        })
+        .collect()
+}
+
+/// Lazily unmounts `path` if something is mounted there (a dead FUSE mount
+/// included); true if it unmounted.
+pub fn unmount_if_mounted(path: &Path) -> bool {
+    // Not canonicalize(path): a dead FUSE mount cannot be stat'ed.
+    let path = match (
+        path.parent().and_then(|p| p.canonicalize().ok()),
+        path.file_name(),
+    ) {
+        (Some(parent), Some(name)) => parent.join(name),
+        _ => path.to_owned(),
+    };
+    if !mounts().iter().any(|(at, _)| *at == path) {
+        return false;
+    }
+    let p = path.to_string_lossy();
+    quiet("umount", &["-l", &p]) || quiet("fusermount3", &["-u", "-z", &p])
+}
+
+/// Unmounts lazy disks whose daemon is gone. A daemon just killed
+/// (`killed`) leaves a live-looking mount for a moment: wait up to 2 s for
+/// the kernel to drop its connection.
+fn reap_dead_disks(killed: bool) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut dead = dead_lazy_disks();
+    while killed && dead.is_empty() && std::time::Instant::now() < deadline {
+        if !mounts().iter().any(|(_, lazy)| *lazy) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        dead = dead_lazy_disks();
+    }
+    dead.into_iter()
+        .filter(|m| unmount_if_mounted(m))
+        .map(|m| format!("unmounted dead lazy disk {}", m.display()))
+        .collect()
+}
+
+/// Lazy disks whose daemon is gone: their mount answers ENOTCONN.
+fn dead_lazy_disks() -> Vec<PathBuf> {
+    const ENOTCONN: i32 = 107;
+    mounts()
+        .into_iter()
+        .filter(|(at, lazy)| {
+            *lazy && std::fs::metadata(at).is_err_and(|e| e.raw_os_error() == Some(ENOTCONN))
+        })
+        .map(|(at, _)| at)
+        .collect()
+}
+
 /// Runs a command quietly; true if it succeeded.
 pub fn quiet(cmd: &str, args: &[&str]) -> bool {
     Command::new(cmd)
@@ -67,15 +146,19 @@ pub fn quiet(cmd: &str, args: &[&str]) -> bool {
 
 /// Kills registered processes and deletes registered namespaces and links.
 pub fn cleanup_registered() {
-    let (pids, netns, links) = with(|r| {
+    let (pids, netns, links, disks) = with(|r| {
         (
             std::mem::take(&mut r.pids),
             std::mem::take(&mut r.netns),
             std::mem::take(&mut r.links),
+            std::mem::take(&mut r.mounts),
         )
     });
     for (pid, start) in pids {
         signal::kill_identified(pid, start);
+    }
+    for m in disks {
+        unmount_if_mounted(&m);
     }
     for ns in netns {
         quiet("ip", &["netns", "del", &ns]);
@@ -187,6 +270,8 @@ pub fn reap_stale() -> Vec<String> {
             done.push(format!("killed stale node process {pid}"));
         }
     }
+    let killed = !done.is_empty();
+    done.extend(reap_dead_disks(killed));
     let list = |args: &[&str]| -> String {
         Command::new("ip")
             .args(args)

@@ -9,10 +9,20 @@
 //! `--peers`; the membership nemesis may retire it (the slot is vacant, its
 //! data wiped) and start a fresh node `k + 1 + n`, then `k + 1 + 2n`, ...
 //! with `--join`, so a node id is never reused and every id's slot is known.
+//!
+//! With lazy disks (`disk.rs`, for the power and disk nemeses) a slot's
+//! `data/` is a `kairos-lazyfs` mount, made before the slot's first node
+//! starts and unmounted at shutdown; the data directories the harness
+//! creates or wipes there are made durable (fsync of `data/`) like an
+//! operator's, and a power cut happens under the slots' lock, between a
+//! kill and the restart, so no node runs on a disk losing its power.
 
 use crate::clean;
+use crate::disk::{self, Disk, DiskConfig};
 use crate::signal::{self, Signal};
 use anyhow::{Context, Result};
+use kairos_lazyfs::control::{self as lazy, Control};
+use kairos_lazyfs::protocol::{PowerReport, Status};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -35,7 +45,8 @@ pub struct NodeSpec {
     pub peer: String,
     pub http: String,
     pub netns: Option<String>,
-    /// Holds `data/<id>/`, `kairos.log` and `faketime`.
+    /// Holds `data/<id>/`, `kairos.log` and `faketime` (and, with lazy
+    /// disks, `lazyfs.log` and `lazyfs.sock`).
     pub dir: PathBuf,
 }
 
@@ -50,6 +61,10 @@ impl NodeSpec {
     pub fn faketime_path(&self) -> PathBuf {
         self.dir.join("faketime")
     }
+    /// Where the slot's lazy disk is mounted: what holds `<id>/`.
+    pub fn disk_root(&self) -> PathBuf {
+        self.dir.join("data")
+    }
 }
 
 /// Who lives in a slot now.
@@ -61,6 +76,8 @@ struct Slot {
     /// Started with `--join` (added at runtime) rather than `--peers`.
     joined: bool,
     child: Option<Child>,
+    /// The slot's lazy disk, if the run has them.
+    disk: Option<Disk>,
 }
 
 pub struct Cluster {
@@ -82,13 +99,31 @@ impl Cluster {
         nodes: Vec<NodeSpec>,
         faketime: bool,
     ) -> Result<Cluster> {
-        for n in &nodes {
-            std::fs::create_dir_all(n.data_dir(n.id))
-                .with_context(|| format!("create {}", n.data_dir(n.id).display()))?;
+        Cluster::with_disks(bin, run_id, nodes, faketime, None)
+    }
+
+    /// Like [`Cluster::new`]; with `disks`, each slot's `data/` is a lazy
+    /// disk, mounted here. A disk that cannot be mounted fails the call.
+    pub fn with_disks(
+        bin: PathBuf,
+        run_id: String,
+        nodes: Vec<NodeSpec>,
+        faketime: bool,
+        disks: Option<DiskConfig>,
+    ) -> Result<Cluster> {
+        let mut mounted = Vec::new();
+        for (idx, n) in nodes.iter().enumerate() {
+            std::fs::create_dir_all(&n.dir)
+                .with_context(|| format!("create {}", n.dir.display()))?;
+            if let Some(cfg) = &disks {
+                mounted.push(Disk::mount(cfg, &n.dir, idx, &run_id)?);
+            }
+            create_data_dir(n, n.id, disks.is_some())?;
             if faketime {
                 write_offset(&n.faketime_path(), 0)?;
             }
         }
+        let mut mounted = mounted.into_iter();
         let slots = nodes
             .iter()
             .map(|n| Slot {
@@ -96,6 +131,7 @@ impl Cluster {
                 vacant: false,
                 joined: false,
                 child: None,
+                disk: mounted.next(),
             })
             .collect();
         Ok(Cluster {
@@ -274,6 +310,9 @@ impl Cluster {
         let dir = self.nodes[idx].data_dir(slot.id);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("wipe {}", dir.display()))?;
+            if slot.disk.is_some() {
+                disk::sync_dir(&self.nodes[idx].disk_root())?;
+            }
         }
         Ok(slot.id)
     }
@@ -293,7 +332,7 @@ impl Cluster {
         let mut slots = self.lock();
         let slot = &mut slots[idx];
         anyhow::ensure!(slot.vacant, "slot {idx} is not vacant");
-        std::fs::create_dir_all(self.nodes[idx].data_dir(id))?;
+        create_data_dir(&self.nodes[idx], id, slot.disk.is_some())?;
         slot.id = id;
         slot.joined = true;
         slot.vacant = false;
@@ -321,12 +360,73 @@ impl Cluster {
         write_offset(&self.nodes[idx].faketime_path(), offset_s)
     }
 
-    /// Resumes and kills every node.
+    /// Resumes and kills every node, then unmounts the lazy disks.
     pub fn shutdown(&self) {
         for i in 0..self.nodes.len() {
             self.signal(i, Signal::CONT);
             self.kill(i);
         }
+        for slot in self.lock().iter_mut() {
+            if let Some(mut d) = slot.disk.take() {
+                d.stop();
+            }
+        }
+    }
+
+    /// Whether the slots' data live on lazy disks.
+    pub fn has_disks(&self) -> bool {
+        self.lock().iter().any(|s| s.disk.is_some())
+    }
+
+    /// Runs `f` on slot `idx`'s lazy disk control.
+    pub fn disk<R>(
+        &self,
+        idx: usize,
+        f: impl FnOnce(&mut Control) -> lazy::Result<R>,
+    ) -> Result<R> {
+        let mut slots = self.lock();
+        let disk = slots[idx]
+            .disk
+            .as_mut()
+            .context("the nodes do not run on lazy disks (no power/disk nemesis asked for)")?;
+        Ok(f(disk.ctl())?)
+    }
+
+    pub fn disk_status(&self, idx: usize) -> Result<Status> {
+        self.disk(idx, |c| c.status())
+    }
+
+    /// SIGKILLs the nodes of slots `idxs`, waits until they are dead, and
+    /// cuts their disks' power, all under the slots' lock (nothing restarts
+    /// a node in between). Returns each slot's node id (if any) and report.
+    pub fn kill_and_power(
+        &self,
+        idxs: &[usize],
+        tear: bool,
+    ) -> Result<Vec<(Option<u64>, PowerReport)>> {
+        let mut slots = self.lock();
+        anyhow::ensure!(
+            idxs.iter().all(|i| slots[*i].disk.is_some()),
+            "the nodes do not run on lazy disks (no power/disk nemesis asked for)"
+        );
+        for &i in idxs {
+            if let Some(mut c) = slots[i].child.take() {
+                reap(&mut c);
+            }
+        }
+        let mut out = Vec::new();
+        for &i in idxs {
+            let slot = &mut slots[i];
+            let id = (!slot.vacant).then_some(slot.id);
+            let report = slot
+                .disk
+                .as_mut()
+                .expect("checked above")
+                .ctl()
+                .power(tear)?;
+            out.push((id, report));
+        }
+        Ok(out)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
@@ -345,6 +445,18 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Creates node `id`'s data directory in slot `n`; on a lazy disk, fsyncs
+/// it and the disk's root so the entry survives a power cut.
+fn create_data_dir(n: &NodeSpec, id: u64, lazy: bool) -> Result<()> {
+    let dir = n.data_dir(id);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    if lazy {
+        disk::sync_dir(&dir)?;
+        disk::sync_dir(&n.disk_root())?;
+    }
+    Ok(())
 }
 
 fn reap(c: &mut Child) {

@@ -11,7 +11,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 /// Fault families the CLI accepts.
-pub const FAMILIES: [&str; 8] = [
+pub const FAMILIES: [&str; 12] = [
     "partition",
     "kill",
     "pause",
@@ -20,6 +20,10 @@ pub const FAMILIES: [&str; 8] = [
     "bandwidth",
     "snapshot",
     MEMBERSHIP,
+    "power",
+    "disk-full",
+    "disk-error",
+    "slow-disk",
 ];
 /// The family that is not in the fault plan: membership changes run beside
 /// it (`membership.rs`), so they meet the planned faults.
@@ -74,6 +78,34 @@ pub enum Fault {
     },
     /// Blackhole a follower long enough that it needs a snapshot to catch up.
     Snapshot(Target),
+    /// SIGKILL the nodes, cut their lazy disks' power (everything no fsync
+    /// covered is lost; with `tear`, a prefix of each file's last unsynced
+    /// page survives), restart them at heal.
+    Power {
+        scope: PowerScope,
+        tear: bool,
+    },
+    /// The node's disk answers ENOSPC to every write until healed.
+    DiskFull(Target),
+    /// The node's next fsync fails with EIO (it is expected to stop; heal
+    /// restarts it).
+    DiskError(Target),
+    /// Every fsync of the node (`None`: of every node) waits `ms` first.
+    SlowDisk {
+        target: Option<Target>,
+        ms: u64,
+    },
+}
+
+/// Whose power a `Power` fault cuts; the node sets are drawn by the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PowerScope {
+    One(Target),
+    /// Fewer than half the slots.
+    Minority(Vec<usize>),
+    /// More than half, not all.
+    Majority(Vec<usize>),
+    All,
 }
 
 impl Fault {
@@ -86,6 +118,10 @@ impl Fault {
             Fault::Loss { .. } => "loss",
             Fault::Bandwidth { .. } => "bandwidth",
             Fault::Snapshot(_) => "snapshot",
+            Fault::Power { .. } => "power",
+            Fault::DiskFull(_) => "disk-full",
+            Fault::DiskError(_) => "disk-error",
+            Fault::SlowDisk { .. } => "slow-disk",
         }
     }
 }
@@ -212,7 +248,32 @@ fn fault_of(rng: &mut StdRng, family: &str, nodes: usize) -> Fault {
             rate_kbit: [128, 256, 512, 1024][rng.gen_range(0..4)],
         },
         "snapshot" => Fault::Snapshot(Target::Follower),
+        "power" => Fault::Power {
+            scope: power_scope(rng, nodes),
+            tear: rng.gen_bool(0.5),
+        },
+        "disk-full" => Fault::DiskFull(target(rng, nodes)),
+        "disk-error" => Fault::DiskError(target(rng, nodes)),
+        "slow-disk" => Fault::SlowDisk {
+            target: rng.gen_bool(0.5).then(|| target(rng, nodes)),
+            ms: rng.gen_range(50..=300),
+        },
         other => unreachable!("unknown fault family {other}"),
+    }
+}
+
+/// One node (leader or any), a minority, a majority, or every node, a
+/// quarter each. A 1-node cluster has only one and all.
+fn power_scope(rng: &mut StdRng, nodes: usize) -> PowerScope {
+    let mut order: Vec<usize> = (0..nodes).collect();
+    order.shuffle(rng);
+    let minority = (nodes - 1) / 2;
+    let majority = nodes / 2 + 1;
+    match rng.gen_range(0..4) {
+        1 if minority > 0 => PowerScope::Minority(order[..minority].to_vec()),
+        2 if majority < nodes => PowerScope::Majority(order[..majority].to_vec()),
+        3 => PowerScope::All,
+        _ => PowerScope::One(target(rng, nodes)),
     }
 }
 
@@ -482,6 +543,57 @@ mod tests {
         assert!(cs.iter().any(|c| c.target == Target::Leader));
         let killed = cs.iter().filter(|c| c.kill_leader_at.is_some()).count();
         assert!((60..140).contains(&killed), "{killed}");
+    }
+
+    #[test]
+    fn disk_faults_are_planned_with_every_scope_and_in_range() {
+        let f = fams(&["power", "disk-full", "disk-error", "slow-disk"]);
+        let mut rng = StdRng::seed_from_u64(9);
+        let plan: Vec<Fault> = (0..40)
+            .flat_map(|_| fault_plan(&mut rng, &f, 5, 300_000))
+            .map(|p| p.fault)
+            .collect();
+        for family in ["power", "disk-full", "disk-error", "slow-disk"] {
+            assert!(plan.iter().any(|p| p.family() == family), "{family}");
+        }
+        let powers: Vec<(&PowerScope, bool)> = plan
+            .iter()
+            .filter_map(|p| match p {
+                Fault::Power { scope, tear } => Some((scope, *tear)),
+                _ => None,
+            })
+            .collect();
+        let torn = powers.iter().filter(|(_, t)| *t).count();
+        assert!(
+            torn * 3 > powers.len() && torn * 3 < 2 * powers.len(),
+            "{torn}/{}",
+            powers.len()
+        );
+        assert!(powers.iter().any(|(s, _)| matches!(s, PowerScope::One(_))));
+        assert!(powers.iter().any(|(s, _)| **s == PowerScope::All));
+        for (s, _) in &powers {
+            match s {
+                PowerScope::Minority(v) => assert_eq!(v.len(), 2),
+                PowerScope::Majority(v) => assert_eq!(v.len(), 3),
+                _ => {}
+            }
+        }
+        assert!(powers
+            .iter()
+            .any(|(s, _)| matches!(s, PowerScope::Minority(_))));
+        assert!(powers
+            .iter()
+            .any(|(s, _)| matches!(s, PowerScope::Majority(_))));
+        for p in &plan {
+            if let Fault::SlowDisk { ms, .. } = p {
+                assert!((50..=300).contains(ms), "{ms}");
+            }
+        }
+        let mut rng = StdRng::seed_from_u64(2);
+        assert!((0..100).all(|_| matches!(
+            power_scope(&mut rng, 1),
+            PowerScope::One(_) | PowerScope::All
+        )));
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod clean;
 pub mod client;
 pub mod clock;
 pub mod cluster;
+pub mod disk;
 pub mod event;
 pub mod final_state;
 pub mod generator;

@@ -4,11 +4,17 @@
 //! applied and a `stop` event taken after it is healed, so recorded fault
 //! periods always cover the real ones. Network faults are skipped (and said
 //! so in the history) when there are no namespaces.
+//!
+//! The disk faults act on the slots' lazy disks (`disk.rs`): `power` kills
+//! its targets and cuts their disks' power in one step (the report of what
+//! each lost goes into the event's detail) and restarts them at heal;
+//! `disk-full`, `disk-error` and `slow-disk` set the fault on the disk and
+//! heal clears it (restarting a node a failed fsync stopped).
 
 use crate::client::{find_leader, Node};
 use crate::cluster::Cluster;
 use crate::event::{Event, NemesisEvent, Phase};
-use crate::generator::{partition_drops, Fault, Partition, PlannedFault, Target};
+use crate::generator::{partition_drops, Fault, Partition, PlannedFault, PowerScope, Target};
 use crate::net::Net;
 use crate::recorder::Recorder;
 use crate::signal::Signal;
@@ -38,6 +44,11 @@ enum Undo {
         idx: usize,
         strobe: Option<JoinHandle<()>>,
     },
+    /// Start these slots' nodes again (after a power cut).
+    RestartAll(Vec<usize>),
+    /// Clear these slots' disk faults (restarting the node a failed fsync
+    /// stopped).
+    Disk(Vec<usize>),
 }
 
 impl Nemesis {
@@ -171,6 +182,10 @@ impl Nemesis {
                     Undo::Network,
                 ))
             }
+            Fault::Power { scope, tear } => self.power(scope, *tear).await,
+            Fault::DiskFull(_) | Fault::DiskError(_) | Fault::SlowDisk { .. } => {
+                self.disk_fault(f).await
+            }
             Fault::Bandwidth { target, rate_kbit } => {
                 self.net()?;
                 let (i, why) = self.resolve(*target).await;
@@ -236,6 +251,73 @@ impl Nemesis {
             }
             _ => unreachable!("matched above"),
         })
+    }
+
+    /// Slots a power scope names, and how they were chosen.
+    async fn power_targets(&mut self, scope: &PowerScope) -> (Vec<usize>, String) {
+        match scope {
+            PowerScope::One(t) => {
+                let (i, why) = self.resolve(*t).await;
+                (vec![i], why)
+            }
+            PowerScope::Minority(v) => (v.clone(), "minority".into()),
+            PowerScope::Majority(v) => (v.clone(), "majority".into()),
+            PowerScope::All => ((0..self.nodes.len()).collect(), "all nodes".into()),
+        }
+    }
+
+    /// SIGKILL and power cut; the nodes restart at heal.
+    async fn power(&mut self, scope: &PowerScope, tear: bool) -> Result<(Vec<u64>, String, Undo)> {
+        let (idxs, why) = self.power_targets(scope).await;
+        let reports = self.cluster.kill_and_power(&idxs, tear)?;
+        let mut hit = Vec::new();
+        let mut lost = Vec::new();
+        for (id, r) in reports {
+            let who = id.map_or("vacant slot".to_string(), |id| format!("node {id}"));
+            hit.extend(id);
+            lost.push(format!(
+                "{who}: {} files, {} bytes, {} namespace ops, {} inodes dropped, {} torn ({} bytes)",
+                r.files, r.bytes, r.namespace_ops, r.inodes_dropped, r.torn_files, r.torn_bytes
+            ));
+        }
+        let detail = format!(
+            "SIGKILL + power cut{} {why}: {}",
+            if tear { " (torn writes)" } else { "" },
+            lost.join("; ")
+        );
+        Ok((hit, detail, Undo::RestartAll(idxs)))
+    }
+
+    /// disk-full, disk-error or slow-disk on one node (or, slow, on all).
+    async fn disk_fault(&mut self, f: &Fault) -> Result<(Vec<u64>, String, Undo)> {
+        let (idxs, why) = match f {
+            Fault::DiskFull(t)
+            | Fault::DiskError(t)
+            | Fault::SlowDisk {
+                target: Some(t), ..
+            } => {
+                let (i, why) = self.resolve(*t).await;
+                (vec![i], why)
+            }
+            _ => ((0..self.nodes.len()).collect(), "all nodes".to_string()),
+        };
+        let what = match f {
+            Fault::DiskFull(_) => "disk full (ENOSPC)".to_string(),
+            Fault::DiskError(_) => "next fsync fails (EIO)".to_string(),
+            Fault::SlowDisk { ms, .. } => format!("fsync +{ms} ms"),
+            _ => anyhow::bail!("not a disk fault: {f:?}"),
+        };
+        let mut hit = Vec::new();
+        for &i in &idxs {
+            self.cluster.disk(i, |c| match f {
+                Fault::DiskFull(_) => c.disk_full(true),
+                Fault::DiskError(_) => c.disk_error(),
+                Fault::SlowDisk { ms, .. } => c.slow_disk(*ms),
+                _ => unreachable!("matched above"),
+            })?;
+            hit.extend(self.cluster.id(i));
+        }
+        Ok((hit, format!("{what} {why}"), Undo::Disk(idxs)))
     }
 
     /// Random drops on one node's links (both ways) or on every link.
@@ -319,6 +401,13 @@ impl Nemesis {
                 }
                 self.cluster.set_clock_offset(idx, 0)
             }
+            Undo::RestartAll(idxs) => idxs
+                .into_iter()
+                .try_for_each(|i| self.cluster.restart_if_down(i).map(|_| ())),
+            Undo::Disk(idxs) => idxs.into_iter().try_for_each(|i| {
+                self.cluster.disk(i, |c| c.heal())?;
+                self.cluster.restart_if_down(i).map(|_| ())
+            }),
         }
     }
 
@@ -331,6 +420,9 @@ impl Nemesis {
             self.cluster.signal(i, Signal::CONT);
             if self.cluster.faketime {
                 let _ = self.cluster.set_clock_offset(i, 0);
+            }
+            if self.cluster.has_disks() {
+                let _ = self.cluster.disk(i, |c| c.heal());
             }
             let _ = self.cluster.restart_if_down(i);
         }
@@ -388,6 +480,20 @@ pub fn kind_name(f: &Fault) -> String {
         Fault::Loss { .. } => "loss-node",
         Fault::Bandwidth { .. } => "bandwidth",
         Fault::Snapshot(_) => "blackhole-follower",
+        Fault::Power { scope, tear } => {
+            let who = match scope {
+                PowerScope::One(Target::Leader) => "leader",
+                PowerScope::One(_) => "node",
+                PowerScope::Minority(_) => "minority",
+                PowerScope::Majority(_) => "majority",
+                PowerScope::All => "all",
+            };
+            return format!("power-{who}{}", if *tear { "-torn" } else { "" });
+        }
+        Fault::DiskFull(_) => "disk-full",
+        Fault::DiskError(_) => "disk-error",
+        Fault::SlowDisk { target: None, .. } => "slow-disk-all",
+        Fault::SlowDisk { .. } => "slow-disk-node",
     }
     .to_string()
 }

@@ -295,7 +295,8 @@ pub async fn run(cfg: RunConfig) -> Result<Summary> {
     };
     let specs = node_specs(&cfg, &id, net.as_deref())?;
     let bin = pin_binary(&cfg)?;
-    let mut cluster = Cluster::new(bin, id.clone(), specs, faketime)?;
+    let disks = crate::disk::DiskConfig::for_run(&choice.nemeses, &cfg.bin, cfg.seed)?;
+    let mut cluster = Cluster::with_disks(bin, id.clone(), specs, faketime, disks)?;
     cluster.extra_args = cfg.node_args.clone();
     if !cfg.plain {
         cluster.secure(&cfg.out)?;
