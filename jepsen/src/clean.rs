@@ -97,8 +97,9 @@ pub fn unmount_if_mounted(path: &Path) -> bool {
     if !mounts().iter().any(|(at, _)| *at == path) {
         return false;
     }
-    let p = path.to_string_lossy();
-    quiet("umount", &["-l", &p]) || quiet("fusermount3", &["-u", "-z", &p])
+    // umount2(MNT_DETACH) as root; fusermount3 is the only way without it.
+    rustix::mount::unmount(&path, rustix::mount::UnmountFlags::DETACH).is_ok()
+        || quiet("fusermount3", &["-u", "-z", &path.to_string_lossy()])
 }
 
 /// Unmounts lazy disks whose daemon is gone. A daemon just killed

@@ -87,6 +87,8 @@ pub struct Cluster {
     pub faketime: bool,
     /// Appended to every `kairos serve` command line.
     pub extra_args: Vec<String>,
+    /// Extra environment for every `kairos serve` (e.g. `KAIROS_FAILPOINT`).
+    pub env: Vec<(String, String)>,
     /// What clients present ([`Cluster::secure`] fills it in).
     pub security: crate::client::Security,
     slots: Mutex<Vec<Slot>>,
@@ -140,6 +142,7 @@ impl Cluster {
             nodes,
             faketime,
             extra_args: Vec::new(),
+            env: Vec::new(),
             security: Default::default(),
             slots: Mutex::new(slots),
         })
@@ -195,7 +198,8 @@ impl Cluster {
         c.args((n.netns.is_some() && self.security.token.is_none()).then_some("--insecure"))
             .args(&self.extra_args);
         c.env(clean::ENV_RUN, &self.run_id)
-            .env(clean::ENV_OWNER, std::process::id().to_string());
+            .env(clean::ENV_OWNER, std::process::id().to_string())
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         if self.faketime {
             c.env("LD_PRELOAD", FAKETIME_LIB)
                 .env("FAKETIME_TIMESTAMP_FILE", n.faketime_path())

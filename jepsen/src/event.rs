@@ -38,6 +38,13 @@ pub struct Meta {
     /// asked for fails instead).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dropped_nemeses: Vec<DroppedNemesis>,
+    /// `KAIROS_FAILPOINT` of every node (`--failpoint`): a run meant to
+    /// break a guarantee on purpose says so in its history.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub failpoint: String,
+    /// Every power fault cut every node (`--power-all`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub power_all: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

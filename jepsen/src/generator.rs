@@ -262,6 +262,19 @@ fn fault_of(rng: &mut StdRng, family: &str, nodes: usize) -> Fault {
     }
 }
 
+/// The plan with every power fault's scope widened to every node
+/// (`--power-all`); other faults and every time are kept.
+pub fn power_all(plan: Vec<PlannedFault>) -> Vec<PlannedFault> {
+    plan.into_iter()
+        .map(|mut p| {
+            if let Fault::Power { scope, .. } = &mut p.fault {
+                *scope = PowerScope::All;
+            }
+            p
+        })
+        .collect()
+}
+
 /// One node (leader or any), a minority, a majority, or every node, a
 /// quarter each. A 1-node cluster has only one and all.
 fn power_scope(rng: &mut StdRng, nodes: usize) -> PowerScope {
@@ -594,6 +607,27 @@ mod tests {
             power_scope(&mut rng, 1),
             PowerScope::One(_) | PowerScope::All
         )));
+    }
+
+    #[test]
+    fn power_all_widens_only_power_faults() {
+        let f = fams(&["power", "kill"]);
+        let plan = fault_plan(&mut StdRng::seed_from_u64(4), &f, 5, 600_000);
+        let wide = power_all(plan.clone());
+        assert_eq!(plan.len(), wide.len());
+        assert!(plan.iter().any(|p| p.fault.family() == "power"));
+        assert!(plan
+            .iter()
+            .any(|p| matches!(&p.fault, Fault::Power { scope, .. } if *scope != PowerScope::All)));
+        for (a, b) in plan.iter().zip(&wide) {
+            assert_eq!((a.at_ms, a.hold_ms), (b.at_ms, b.hold_ms));
+            match (&a.fault, &b.fault) {
+                (Fault::Power { tear: t1, .. }, Fault::Power { scope, tear: t2 }) => {
+                    assert_eq!((scope, t1), (&PowerScope::All, t2))
+                }
+                (x, y) => assert_eq!(x, y),
+            }
+        }
     }
 
     #[test]

@@ -143,6 +143,15 @@ struct Common {
     /// generates certificates and an admin token and uses both).
     #[arg(long)]
     plain: bool,
+    /// `KAIROS_FAILPOINT` for every node, e.g. `skip-log-sync` (no fdatasync
+    /// of the Raft log: a power cut can then lose acknowledged writes, which
+    /// the run must report). Recorded in the history and results.json.
+    #[arg(long, default_value = "")]
+    failpoint: String,
+    /// Every power fault cuts every node at once (otherwise its scope is
+    /// drawn: one node, a minority, a majority or all).
+    #[arg(long)]
+    power_all: bool,
 }
 
 fn main() {
@@ -277,6 +286,16 @@ fn config(a: &Common, seed: u64, out: PathBuf) -> Result<RunConfig> {
     if !(0.1..=1_000.0).contains(&a.rate) || a.time_limit == 0 || a.time_limit > 24 * 3600 {
         bail!("--rate must be in 0.1..=1000 and --time-limit in 1..=86400");
     }
+    if a.power_all && !a.nemesis.iter().any(|f| f == "power") {
+        bail!("--power-all needs the power nemesis (--nemesis power,...)");
+    }
+    if !a
+        .failpoint
+        .split(',')
+        .all(|f| f.is_empty() || f.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'))
+    {
+        bail!("--failpoint takes failpoint names (lowercase and '-'), comma-separated");
+    }
     let fault_every_ms = match a.fault_every {
         None => DEFAULT_FAULT_EVERY_MS,
         Some(s) => {
@@ -331,6 +350,8 @@ fn config(a: &Common, seed: u64, out: PathBuf) -> Result<RunConfig> {
         node_args,
         plain: a.plain,
         fault_every_ms,
+        failpoint: a.failpoint.clone(),
+        power_all: a.power_all,
     })
 }
 

@@ -61,6 +61,10 @@ pub struct RunConfig {
     pub plain: bool,
     /// Mean spacing between fault starts (`generator::density`).
     pub fault_every_ms: u64,
+    /// `KAIROS_FAILPOINT` for every node (empty: none).
+    pub failpoint: String,
+    /// Every power fault cuts every node, whatever scope the plan drew.
+    pub power_all: bool,
 }
 
 /// Exit code of a run that could not inject a fault family it was asked for.
@@ -298,6 +302,10 @@ pub async fn run(cfg: RunConfig) -> Result<Summary> {
     let disks = crate::disk::DiskConfig::for_run(&choice.nemeses, &cfg.bin, cfg.seed)?;
     let mut cluster = Cluster::with_disks(bin, id.clone(), specs, faketime, disks)?;
     cluster.extra_args = cfg.node_args.clone();
+    if !cfg.failpoint.is_empty() {
+        println!("NOTE: every node runs with KAIROS_FAILPOINT={}", cfg.failpoint);
+        cluster.env.push(("KAIROS_FAILPOINT".into(), cfg.failpoint.clone()));
+    }
     if !cfg.plain {
         cluster.secure(&cfg.out)?;
     }
@@ -439,6 +447,11 @@ async fn drive(
         cfg.time_limit_s * 1000,
         cfg.fault_every_ms,
     );
+    let plan = if cfg.power_all {
+        crate::generator::power_all(plan)
+    } else {
+        plan
+    };
     println!("nemesis plan: {} faults", plan.len());
     let membership = nemeses.iter().any(|f| f == MEMBERSHIP).then(|| {
         let rng = StdRng::seed_from_u64(cfg.seed ^ MEMBERSHIP_SALT);
@@ -720,6 +733,8 @@ fn meta(
         workloads: cfg.workloads.clone(),
         bounds: cfg.bounds,
         dropped_nemeses: Vec::new(),
+        failpoint: cfg.failpoint.clone(),
+        power_all: cfg.power_all,
     }
 }
 

@@ -232,6 +232,8 @@ fn healthy_meta() -> Event {
             ..Bounds::default()
         },
         dropped_nemeses: Vec::new(),
+        failpoint: String::new(),
+        power_all: false,
     })
 }
 

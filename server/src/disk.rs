@@ -33,9 +33,16 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
-/// Blocks until `dir` has at least `reserve` bytes free, saying so every
-/// ten seconds while it waits. Called before the store is opened.
+/// Space [`wait_for_space`] wants even with `--disk-reserve-mb 0`: opening
+/// the store writes, and a store that fails on a full disk restarts the
+/// node in place, which must not spin on a disk with nothing free.
+pub const OPEN_FLOOR_BYTES: u64 = 1 << 20;
+
+/// Blocks until `dir` has at least `reserve` bytes free (and at least
+/// [`OPEN_FLOOR_BYTES`]), saying so every ten seconds while it waits.
+/// Called before the store is opened.
 pub fn wait_for_space(dir: &Path, reserve: u64) -> std::io::Result<()> {
+    let reserve = reserve.max(OPEN_FLOOR_BYTES);
     let mut said = None::<std::time::Instant>;
     loop {
         let free = free_bytes(dir)?;

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use kairos_client::{pb, Client, Security};
 
+pub mod lazydisk;
+
 /// The `kairos` binary next to this test executable, built on first use:
 /// `cargo nextest run` builds test targets but not a plain binary of another
 /// package, so a stale or missing binary would be tested otherwise.

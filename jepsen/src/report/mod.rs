@@ -29,6 +29,8 @@ pub fn write_all(dir: &Path, h: &History, s: &Summary) -> Result<()> {
         "mode": h.meta.mode,
         "nemeses": h.meta.nemeses,
         "dropped_nemeses": h.meta.dropped_nemeses,
+        "failpoint": h.meta.failpoint,
+        "power_all": h.meta.power_all,
         "failed": s.failed(),
         "checkers": checkers,
     });
