@@ -61,6 +61,19 @@ impl NodeSpec {
     pub fn faketime_path(&self) -> PathBuf {
         self.dir.join("faketime")
     }
+    /// A loopback slot for tests whose "node" is a stand-in that listens on
+    /// nothing: fixed ports `1000 + id`, `1100 + id`, `1200 + id`.
+    pub fn fake(id: u64, dir: &Path) -> NodeSpec {
+        NodeSpec {
+            id,
+            listen: format!("127.0.0.1:{}", 1_000 + id),
+            peer: format!("127.0.0.1:{}", 1_200 + id),
+            http: format!("127.0.0.1:{}", 1_100 + id),
+            netns: None,
+            dir: dir.to_path_buf(),
+        }
+    }
+
     /// Where the slot's lazy disk is mounted: what holds `<id>/`.
     pub fn disk_root(&self) -> PathBuf {
         self.dir.join("data")
@@ -487,14 +500,7 @@ mod tests {
     /// command line into the slot's log.
     fn echo_cluster(dir: &Path) -> Cluster {
         let specs = (1..=3u64)
-            .map(|id| NodeSpec {
-                id,
-                listen: format!("127.0.0.1:{}", 1_000 + id),
-                peer: format!("127.0.0.1:{}", 1_200 + id),
-                http: format!("127.0.0.1:{}", 1_100 + id),
-                netns: None,
-                dir: dir.join(format!("n{id}")),
-            })
+            .map(|id| NodeSpec::fake(id, &dir.join(format!("n{id}"))))
             .collect();
         Cluster::new(PathBuf::from("/bin/echo"), "test".into(), specs, false).unwrap()
     }

@@ -303,8 +303,13 @@ pub async fn run(cfg: RunConfig) -> Result<Summary> {
     let mut cluster = Cluster::with_disks(bin, id.clone(), specs, faketime, disks)?;
     cluster.extra_args = cfg.node_args.clone();
     if !cfg.failpoint.is_empty() {
-        println!("NOTE: every node runs with KAIROS_FAILPOINT={}", cfg.failpoint);
-        cluster.env.push(("KAIROS_FAILPOINT".into(), cfg.failpoint.clone()));
+        println!(
+            "NOTE: every node runs with KAIROS_FAILPOINT={}",
+            cfg.failpoint
+        );
+        cluster
+            .env
+            .push(("KAIROS_FAILPOINT".into(), cfg.failpoint.clone()));
     }
     if !cfg.plain {
         cluster.secure(&cfg.out)?;

@@ -84,14 +84,7 @@ fn cluster(dir: &Path) -> Cluster {
     std::fs::write(&node, NODE).unwrap();
     std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o755)).unwrap();
     let specs = (1..=2u64)
-        .map(|id| NodeSpec {
-            id,
-            listen: format!("127.0.0.1:{}", 1_000 + id),
-            peer: format!("127.0.0.1:{}", 1_200 + id),
-            http: format!("127.0.0.1:{}", 1_100 + id),
-            netns: None,
-            dir: dir.join(format!("n{id}")),
-        })
+        .map(|id| NodeSpec::fake(id, &dir.join(format!("n{id}"))))
         .collect();
     let disks = DiskConfig {
         bin: lazyfs_bin(),

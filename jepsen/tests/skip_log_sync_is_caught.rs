@@ -41,7 +41,14 @@ fn power_all_run(tag: &str, failpoint: Option<&str>) -> (i32, serde_json::Value)
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos-jepsen"));
     cmd.args(["run", "--nodes", "3", "--time-limit", "40"])
         .args(["--nemesis", "power", "--power-all", "--fault-every", "6"])
-        .args(["--workload", "register,timers", "--rate", "20", "--seed", "1"])
+        .args([
+            "--workload",
+            "register,timers",
+            "--rate",
+            "20",
+            "--seed",
+            "1",
+        ])
         .arg("--bin")
         .arg(target_bin("kairos"))
         .arg("--out")
@@ -57,7 +64,10 @@ fn power_all_run(tag: &str, failpoint: Option<&str>) -> (i32, serde_json::Value)
         String::from_utf8_lossy(&done.stderr)
     );
     let code = done.status.code().unwrap_or(-1);
-    assert!(code == 0 || code == 1, "the run had no verdict (exit {code}):\n{said}");
+    assert!(
+        code == 0 || code == 1,
+        "the run had no verdict (exit {code}):\n{said}"
+    );
     let results = std::fs::read_to_string(out.join("results.json"))
         .unwrap_or_else(|e| panic!("results.json: {e}\n{said}"));
     let results: serde_json::Value = serde_json::from_str(&results).unwrap();
@@ -70,7 +80,6 @@ fn power_all_run(tag: &str, failpoint: Option<&str>) -> (i32, serde_json::Value)
     let _ = std::fs::remove_dir_all(&out);
     (code, results)
 }
-
 
 #[test]
 fn with_skip_log_sync_a_power_cut_of_every_node_loses_acknowledged_writes_and_the_run_says_so() {
@@ -110,5 +119,8 @@ fn with_skip_log_sync_a_power_cut_of_every_node_loses_acknowledged_writes_and_th
 fn without_the_failpoint_the_same_power_cuts_lose_nothing() {
     let (code, results) = power_all_run("synced", None);
     assert_eq!(code, 0, "the run must be valid: {results}");
-    assert!(results.get("failpoint").is_none_or(|f| f == ""), "{results}");
+    assert!(
+        results.get("failpoint").is_none_or(|f| f == ""),
+        "{results}"
+    );
 }

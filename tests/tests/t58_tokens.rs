@@ -182,8 +182,7 @@ async fn worker_tokens_are_limited_to_their_groups_and_finishes_to_the_lease_hol
 
     let e = session(&cluster, &worker_secret, "w1", &["b"])
         .await
-        .err()
-        .expect("a worker token for a cannot serve b");
+        .expect_err("a worker token for a cannot serve b");
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("not \"b\""), "{e:?}");
 

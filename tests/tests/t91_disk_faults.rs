@@ -45,13 +45,17 @@ async fn create_acked(cluster: &Cluster, prefix: &str) {
     let c = cluster.client();
     for i in 0..JOBS {
         let id = format!("{prefix}-{i:02}");
-        wait_for(&format!("{id} acknowledged"), Duration::from_secs(60), || async {
-            match create(&c, every_job(&id, "disk", 3_600_000)).await {
-                Ok(_) => Some(()),
-                Err(s) if s.code() == tonic::Code::AlreadyExists => Some(()),
-                Err(_) => None,
-            }
-        })
+        wait_for(
+            &format!("{id} acknowledged"),
+            Duration::from_secs(60),
+            || async {
+                match create(&c, every_job(&id, "disk", 3_600_000)).await {
+                    Ok(_) => Some(()),
+                    Err(s) if s.code() == tonic::Code::AlreadyExists => Some(()),
+                    Err(_) => None,
+                }
+            },
+        )
         .await;
     }
 }
@@ -89,13 +93,16 @@ async fn enospc_mid_write_restarts_the_node_in_place_and_it_catches_up_when_spac
         Duration::from_secs(60),
         || async {
             let log = log_of(&data);
-            (log.contains("restarting in place") && log.contains("waiting for space"))
-                .then_some(())
+            (log.contains("restarting in place") && log.contains("waiting for space")).then_some(())
         },
     )
     .await;
     assert!(!cluster.exited(1), "node 1 exited: {}", log_of(&data));
-    assert_eq!(cluster.pid(1), Some(pid), "a restart in place keeps the pid");
+    assert_eq!(
+        cluster.pid(1),
+        Some(pid),
+        "a restart in place keeps the pid"
+    );
 
     disk.ctl().disk_full(false).unwrap();
     node1_caught_up(&cluster, &["before", "during"]).await;

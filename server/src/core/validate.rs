@@ -498,6 +498,67 @@ pub fn worker_labels<'a>(
     Ok(())
 }
 
+/// A token as PutToken carries it: a valid name, a SHA-256 hex hash, and
+/// groups exactly when the role is `worker`.
+pub fn token(t: &Token) -> Result<(), CommandError> {
+    name("token.name", &t.name, limits::ID_MAX_BYTES)?;
+    if t.hash.len() != 64
+        || !t
+            .hash
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(invalid(
+            "token.hash: must be 64 lowercase hex digits (SHA-256)".into(),
+        ));
+    }
+    match (t.role, t.groups.len()) {
+        (Role::Worker, 0) => {
+            return Err(invalid(
+                "token.groups: a worker token needs at least one group".into(),
+            ))
+        }
+        (Role::Worker, n) if n > limits::TOKEN_GROUPS_MAX => {
+            return Err(invalid(format!(
+                "token.groups: at most {}, got {n}",
+                limits::TOKEN_GROUPS_MAX
+            )))
+        }
+        (Role::Worker, _) => {}
+        (role, n) if n > 0 => {
+            return Err(invalid(format!(
+                "token.groups: only worker tokens have groups, this one is {}",
+                role.as_str()
+            )))
+        }
+        _ => {}
+    }
+    for g in &t.groups {
+        name("token.groups", g, limits::GROUP_MAX_BYTES)?;
+    }
+    Ok(())
+}
+
+/// A client request id: 1 to 64 bytes of `A-Z a-z 0-9 - _`.
+pub fn request_id(id: &str) -> Result<(), CommandError> {
+    if id.is_empty() || id.len() > limits::REQUEST_ID_MAX_BYTES {
+        return Err(invalid(format!(
+            "request_id: 1 to {} bytes, got {}",
+            limits::REQUEST_ID_MAX_BYTES,
+            id.len()
+        )));
+    }
+    match id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+    {
+        Some(c) => Err(invalid(format!(
+            "request_id: character {c:?} not allowed (use A-Z a-z 0-9 - _)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -605,66 +666,5 @@ mod tests {
         assert!(err(&s).starts_with("labels (value): character ' '"));
         s.policy.route = Route::Label([("zone".to_string(), "eu-west".to_string())].into());
         assert!(job_spec(&s, 1_000_000).is_ok());
-    }
-}
-
-/// A token as PutToken carries it: a valid name, a SHA-256 hex hash, and
-/// groups exactly when the role is `worker`.
-pub fn token(t: &Token) -> Result<(), CommandError> {
-    name("token.name", &t.name, limits::ID_MAX_BYTES)?;
-    if t.hash.len() != 64
-        || !t
-            .hash
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return Err(invalid(
-            "token.hash: must be 64 lowercase hex digits (SHA-256)".into(),
-        ));
-    }
-    match (t.role, t.groups.len()) {
-        (Role::Worker, 0) => {
-            return Err(invalid(
-                "token.groups: a worker token needs at least one group".into(),
-            ))
-        }
-        (Role::Worker, n) if n > limits::TOKEN_GROUPS_MAX => {
-            return Err(invalid(format!(
-                "token.groups: at most {}, got {n}",
-                limits::TOKEN_GROUPS_MAX
-            )))
-        }
-        (Role::Worker, _) => {}
-        (role, n) if n > 0 => {
-            return Err(invalid(format!(
-                "token.groups: only worker tokens have groups, this one is {}",
-                role.as_str()
-            )))
-        }
-        _ => {}
-    }
-    for g in &t.groups {
-        name("token.groups", g, limits::GROUP_MAX_BYTES)?;
-    }
-    Ok(())
-}
-
-/// A client request id: 1 to 64 bytes of `A-Z a-z 0-9 - _`.
-pub fn request_id(id: &str) -> Result<(), CommandError> {
-    if id.is_empty() || id.len() > limits::REQUEST_ID_MAX_BYTES {
-        return Err(invalid(format!(
-            "request_id: 1 to {} bytes, got {}",
-            limits::REQUEST_ID_MAX_BYTES,
-            id.len()
-        )));
-    }
-    match id
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
-    {
-        Some(c) => Err(invalid(format!(
-            "request_id: character {c:?} not allowed (use A-Z a-z 0-9 - _)"
-        ))),
-        None => Ok(()),
     }
 }

@@ -965,45 +965,6 @@ fn page_prefix_within(runs: &[crate::core::Run], max_bytes: usize) -> usize {
     over.map_or(runs.len(), |i| i.max(1))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::{Run, RunState};
-
-    fn run_with_result(bytes: usize) -> Run {
-        Run {
-            id: RunId::new("j", 1),
-            group: "g".into(),
-            priority: 5,
-            fired_at_ms: 0,
-            state: RunState::Succeeded,
-            attempt: 1,
-            worker: String::new(),
-            received_at_ms: 0,
-            finished_at_ms: 0,
-            result: vec![b'x'; bytes],
-            error: String::new(),
-            note: String::new(),
-            retry_at_ms: None,
-            shard_count: 1,
-            offset_ms: 0,
-        }
-    }
-
-    #[test]
-    fn a_page_is_cut_by_bytes_but_always_holds_one_run() {
-        let runs: Vec<Run> = (0..10).map(|_| run_with_result(500 * 1024)).collect();
-        let fit = page_prefix_within(&runs, limits::LIST_PAGE_MAX_BYTES);
-        assert_eq!(fit, 8, "8 results of 500 KiB fit in 4 MiB, 9 do not");
-        assert_eq!(
-            page_prefix_within(&runs[..3], limits::LIST_PAGE_MAX_BYTES),
-            3
-        );
-        assert_eq!(page_prefix_within(&[run_with_result(8 << 20)], 1024), 1);
-        assert_eq!(page_prefix_within(&[], 1024), 0);
-    }
-}
-
 fn members_out(
     m: Result<membership::Members, membership::MembershipError>,
 ) -> Result<Response<pb::MembershipResponse>, Status> {
@@ -1061,4 +1022,43 @@ async fn receive_file(
     }
     f.sync_all().await.map_err(io)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Run, RunState};
+
+    fn run_with_result(bytes: usize) -> Run {
+        Run {
+            id: RunId::new("j", 1),
+            group: "g".into(),
+            priority: 5,
+            fired_at_ms: 0,
+            state: RunState::Succeeded,
+            attempt: 1,
+            worker: String::new(),
+            received_at_ms: 0,
+            finished_at_ms: 0,
+            result: vec![b'x'; bytes],
+            error: String::new(),
+            note: String::new(),
+            retry_at_ms: None,
+            shard_count: 1,
+            offset_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_page_is_cut_by_bytes_but_always_holds_one_run() {
+        let runs: Vec<Run> = (0..10).map(|_| run_with_result(500 * 1024)).collect();
+        let fit = page_prefix_within(&runs, limits::LIST_PAGE_MAX_BYTES);
+        assert_eq!(fit, 8, "8 results of 500 KiB fit in 4 MiB, 9 do not");
+        assert_eq!(
+            page_prefix_within(&runs[..3], limits::LIST_PAGE_MAX_BYTES),
+            3
+        );
+        assert_eq!(page_prefix_within(&[run_with_result(8 << 20)], 1024), 1);
+        assert_eq!(page_prefix_within(&[], 1024), 0);
+    }
 }

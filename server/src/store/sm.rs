@@ -2764,13 +2764,15 @@ mod tests {
 
     /// Before the flusher, a full window was written on apply's path: a
     /// second of creates and fires waited behind every flush.
+    #[allow(clippy::await_holding_lock)] // the test holds a lock as its owner would
     #[tokio::test]
     async fn apply_goes_on_while_a_sealed_window_is_written() {
         let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut sm = open_windowed(dir.path());
         let n = CREATES_PAST_A_WINDOW;
         let handle = sm.clone();
-        let writing = handle.inner.write_lock.lock(); // as the flusher holds it while it writes
+        // Held across awaits on purpose: as the flusher holds it while it writes.
+        let writing = handle.inner.write_lock.lock();
         sm.apply((1..=n).map(create)).await.unwrap();
         sm.apply([delete(n + 1, 1)]).await.unwrap();
         assert!(has_sealed(&sm));
@@ -2793,6 +2795,7 @@ mod tests {
     /// Past what it may hold in memory, apply writes the sealed windows
     /// itself, after the write under way: a slow disk slows apply, it does
     /// not grow memory.
+    #[allow(clippy::await_holding_lock)] // the test holds a lock as its owner would
     #[tokio::test]
     async fn past_the_held_limits_apply_waits_for_the_write_under_way_then_writes_itself() {
         let dir = tempfile::tempdir().unwrap();
@@ -2805,6 +2808,7 @@ mod tests {
         };
         let (_, sm) = super::super::open(dir.path(), 8 << 20, opts).unwrap();
         let n = 2 * CREATES_PAST_A_WINDOW;
+        // held across awaits on purpose
         let writing = sm.inner.write_lock.lock();
         let applying = tokio::spawn({
             let mut sm = sm.clone();
@@ -2989,6 +2993,7 @@ mod tests {
     /// at the index applied when the pin began. It used to write under
     /// the apply lock: the whole window, later what apply added during its
     /// last round of writing before the lock.
+    #[allow(clippy::await_holding_lock)] // the test holds a lock as its owner would
     #[tokio::test]
     async fn a_pin_never_holds_apply_and_pins_the_index_it_began_at() {
         let (dir, ref_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -2996,7 +3001,8 @@ mod tests {
         let n = CREATES_PAST_A_WINDOW;
         sm.apply((1..=n).map(create)).await.unwrap();
         let handle = sm.clone();
-        let writing = handle.inner.write_lock.lock(); // as the flusher holds it while it writes
+        // Held across awaits on purpose: as the flusher holds it while it writes.
+        let writing = handle.inner.write_lock.lock();
         let pinning = {
             let sm = sm.clone();
             tokio::spawn(async move { pin(&sm).await.applied.map(|l| l.index) })

@@ -110,7 +110,7 @@ pub async fn print(c: &Client, id: &str) -> anyhow::Result<()> {
         .as_ref()
         .map(|s| s.upstream.clone())
         .unwrap_or_default();
-    w.lines.push(format!("{label}"));
+    w.lines.push(label.to_string());
     w.lines.push("upstream:".into());
     if ups.is_empty() {
         w.lines.push("   (none)".into());

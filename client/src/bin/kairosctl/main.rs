@@ -818,7 +818,7 @@ fn ms_text(ms: u64) -> String {
         (60_000, "m"),
         (1000, "s"),
     ];
-    match units.iter().find(|(n, _)| ms > 0 && ms % n == 0) {
+    match units.iter().find(|(n, _)| ms > 0 && ms.is_multiple_of(*n)) {
         Some((n, unit)) => format!("{}{unit}", ms / n),
         None => format!("{ms}ms"),
     }

@@ -35,6 +35,8 @@ struct Cli {
     cmd: Option<Cmd>,
 }
 
+// Parsed once at start; boxing `serve`'s flags would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Run one node. With no flags: a single-node cluster on 127.0.0.1:7070.
@@ -428,7 +430,7 @@ fn node_config(a: &ServeArgs) -> anyhow::Result<(Config, SocketAddr)> {
     if peers.is_empty() {
         peers.insert(a.id, peer_listen.to_string());
     }
-    check_transport(&a, peer_listen, &peers)?;
+    check_transport(a, peer_listen, &peers)?;
     let mut config = Config::new(a.id, advertise, a.data_dir.clone(), peers);
     config.snapshot_logs = a.snapshot_logs;
     config.keep_logs = a.keep_logs;
