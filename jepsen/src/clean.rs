@@ -186,17 +186,57 @@ fn alive(pid: u32) -> bool {
         return false;
     };
     // "pid (comm) state ...": comm may contain spaces, so split at the last ')'.
-    let Some((head, tail)) = stat.rsplit_once(')') else {
+    // Any owner: the kairos-jepsen binary, or a test process driving a
+    // cluster through the library.
+    let Some((_, tail)) = stat.rsplit_once(')') else {
         return false;
     };
-    let comm = head.split_once('(').map_or("", |(_, c)| c);
     let state = tail.split_whitespace().next().unwrap_or("Z");
-    comm.starts_with("kairos-jepsen") && state != "Z" && state != "X"
+    state != "Z" && state != "X"
+}
+
+/// Where runs claim their id before making anything (namespaces, links,
+/// processes), so a concurrent run's reap never takes them for leftovers.
+fn claims_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join("kairos-jepsen-runs")
+}
+
+/// Marks run `id` as owned by this process until [`release_run`] (or
+/// until this process is gone).
+pub fn claim_run(id: &str) {
+    let dir = claims_dir();
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(id), std::process::id().to_string());
+}
+
+pub fn release_run(id: &str) {
+    let _ = std::fs::remove_file(claims_dir().join(id));
+}
+
+/// Runs claimed by a live process; claims of dead ones are removed.
+fn claimed_runs() -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(claims_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let owner = std::fs::read_to_string(e.path())
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok());
+        match owner {
+            Some(pid) if alive(pid) => out.push(e.file_name().to_string_lossy().into_owned()),
+            _ => {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    out
 }
 
 /// Run ids whose harness is still alive (its own run included).
 fn live_runs() -> Vec<String> {
-    let mut out = Vec::new();
+    let mut out = claimed_runs();
     for (pid, _, env) in harness_processes() {
         if let Some(owner) = env_var(&env, ENV_OWNER).and_then(|o| o.parse::<u32>().ok()) {
             if alive(owner) && owner != pid {
@@ -260,7 +300,6 @@ pub fn is_stale_name(name: &str, live: &[String]) -> bool {
 
 /// Removes leftovers of dead runs; returns a line per thing removed.
 pub fn reap_stale() -> Vec<String> {
-    let live = live_runs();
     let mut done = Vec::new();
     for (pid, start, env) in harness_processes() {
         let owner = env_var(&env, ENV_OWNER).and_then(|o| o.parse::<u32>().ok());
@@ -280,13 +319,19 @@ pub fn reap_stale() -> Vec<String> {
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()
     };
-    for line in list(&["netns", "list"]).lines() {
+    // Listed first, judged after: a run claims its id before it makes a
+    // namespace or link, so anything listed here that belongs to a live run
+    // is in `live`.
+    let netns = list(&["netns", "list"]);
+    let links = list(&["-o", "link", "show"]);
+    let live = live_runs();
+    for line in netns.lines() {
         let name = line.split_whitespace().next().unwrap_or("");
         if is_stale_name(name, &live) && quiet("ip", &["netns", "del", name]) {
             done.push(format!("deleted namespace {name}"));
         }
     }
-    for line in list(&["-o", "link", "show"]).lines() {
+    for line in links.lines() {
         // "12: kjab12br: <...>" or "13: kjab12h1@if2: <...>"
         let name = line.split(':').nth(1).unwrap_or("").trim();
         let name = name.split('@').next().unwrap_or("");

@@ -273,6 +273,13 @@ pub async fn run(cfg: RunConfig) -> Result<Summary> {
     }
     std::fs::create_dir_all(&cfg.out)?;
     let id = run_id();
+    clean::claim_run(&id);
+    let result = run_claimed(cfg, id.clone()).await;
+    clean::release_run(&id);
+    result
+}
+
+async fn run_claimed(cfg: RunConfig, id: String) -> Result<Summary> {
     let caps = Caps::probe();
     let choice = choose_nemeses(&cfg.nemeses, &caps, cfg.loopback)?;
     for d in &choice.dropped {
