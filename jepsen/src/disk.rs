@@ -11,9 +11,9 @@
 
 use crate::clean;
 use anyhow::{bail, Context, Result};
-use kairos_lazyfs::control::Control;
+use kairos_lazyfs::control::{Control, Mount};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// Overrides where the `kairos-lazyfs` binary is looked for.
@@ -77,44 +77,34 @@ impl Disk {
         let mountpoint = slot_dir.join("data");
         std::fs::create_dir_all(&mountpoint)
             .with_context(|| format!("create {}", mountpoint.display()))?;
-        let sock = slot_dir.join("lazyfs.sock");
         let log = slot_dir.join("lazyfs.log");
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)?;
-        let mut child = Command::new(&cfg.bin)
-            .args(["mount", "--mountpoint"])
-            .arg(&mountpoint)
-            .arg("--control")
-            .arg(&sock)
-            .args(["--seed", &cfg.seed.wrapping_add(idx as u64).to_string()])
-            .args(["--size-mb", &cfg.size_mb.to_string()])
-            .env(clean::ENV_RUN, run_id)
-            .env(clean::ENV_OWNER, std::process::id().to_string())
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("spawn {}", cfg.bin.display()))?;
-        clean::register_pid(child.id());
+        let mount = Mount {
+            bin: &cfg.bin,
+            mountpoint: &mountpoint,
+            control: &slot_dir.join("lazyfs.sock"),
+            seed: cfg.seed.wrapping_add(idx as u64),
+            size_mb: cfg.size_mb,
+            log: &log,
+        };
+        let env = [
+            (clean::ENV_RUN, run_id.to_string()),
+            (clean::ENV_OWNER, std::process::id().to_string()),
+        ];
         clean::register_mount(&mountpoint);
-        match Control::wait_ready(&sock, READY_TIMEOUT, Some(&mut child)) {
-            Ok(ctl) => Ok(Disk {
-                mountpoint,
-                log,
-                child: Some(child),
-                ctl,
-            }),
+        match mount.start(&env, READY_TIMEOUT) {
+            Ok((child, ctl)) => {
+                clean::register_pid(child.id());
+                Ok(Disk {
+                    mountpoint,
+                    log,
+                    child: Some(child),
+                    ctl,
+                })
+            }
             Err(e) => {
-                let mut disk_less = Stopper(Some(child), mountpoint.clone());
-                disk_less.stop();
-                let said = std::fs::read_to_string(&log).unwrap_or_default();
-                bail!(
-                    "lazyfs disk for slot {idx} at {}: {e}\n{}",
-                    mountpoint.display(),
-                    said.trim_end()
-                )
+                clean::unmount_if_mounted(&mountpoint);
+                clean::unregister_mount(&mountpoint);
+                bail!("slot {idx}: {e}")
             }
         }
     }

@@ -289,12 +289,11 @@ fn config(a: &Common, seed: u64, out: PathBuf) -> Result<RunConfig> {
     if a.power_all && !a.nemesis.iter().any(|f| f == "power") {
         bail!("--power-all needs the power nemesis (--nemesis power,...)");
     }
-    if !a
-        .failpoint
-        .split(',')
-        .all(|f| f.is_empty() || f.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'))
-    {
-        bail!("--failpoint takes failpoint names (lowercase and '-'), comma-separated");
+    if !a.failpoint.split(',').all(|f| {
+        f.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-=".contains(&b))
+    }) {
+        bail!("--failpoint takes the server's failpoint list: NAME or NAME=N, comma-separated");
     }
     let fault_every_ms = match a.fault_every {
         None => DEFAULT_FAULT_EVERY_MS,

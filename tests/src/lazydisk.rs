@@ -3,10 +3,10 @@
 //! lose on a power cut whatever no fsync covered. Needs root and /dev/fuse.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-pub use kairos_lazyfs::control::Control;
+pub use kairos_lazyfs::control::{Control, Mount};
 
 /// The `kairos-lazyfs` binary, built on first use like [`crate::kairos_bin`].
 pub fn lazyfs_bin() -> PathBuf {
@@ -35,25 +35,17 @@ impl LazyDisk {
             "this test mounts a FUSE filesystem: it needs root and /dev/fuse"
         );
         std::fs::create_dir_all(dir).expect("mountpoint");
-        let sock = dir.with_extension("lazyfs.sock");
-        let log = std::fs::File::create(dir.with_extension("lazyfs.log")).expect("lazyfs log");
-        let mut daemon = Command::new(lazyfs_bin())
-            .args(["mount", "--mountpoint"])
-            .arg(dir)
-            .arg("--control")
-            .arg(&sock)
-            .args(["--size-mb", &size_mb.to_string()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn kairos-lazyfs");
-        let ctl = Control::wait_ready(&sock, Duration::from_secs(20), Some(&mut daemon))
-            .unwrap_or_else(|e| {
-                let said =
-                    std::fs::read_to_string(dir.with_extension("lazyfs.log")).unwrap_or_default();
-                panic!("lazyfs at {}: {e}\n{said}", dir.display())
-            });
+        let mount = Mount {
+            bin: &lazyfs_bin(),
+            mountpoint: dir,
+            control: &dir.with_extension("lazyfs.sock"),
+            seed: 0,
+            size_mb,
+            log: &dir.with_extension("lazyfs.log"),
+        };
+        let (daemon, ctl) = mount
+            .start(&[], Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{e}"));
         LazyDisk {
             mountpoint: dir.to_path_buf(),
             daemon,

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long one command may take (a `power` of a big disk, a slow fsync
@@ -47,6 +47,63 @@ pub enum ControlError {
 }
 
 pub type Result<T> = std::result::Result<T, ControlError>;
+
+/// How to start a daemon: `BIN mount --mountpoint .. --control .. --seed ..
+/// --size-mb ..`, its stdout and stderr appended to `log`.
+pub struct Mount<'a> {
+    pub bin: &'a Path,
+    pub mountpoint: &'a Path,
+    pub control: &'a Path,
+    pub seed: u64,
+    pub size_mb: u64,
+    pub log: &'a Path,
+}
+
+impl Mount<'_> {
+    /// Starts the daemon with `env` added and waits up to `ready` until it
+    /// answers. On failure the daemon is killed and the error carries what
+    /// it said in its log (a mount that cannot be made says why there).
+    pub fn start(
+        &self,
+        env: &[(&str, String)],
+        ready: Duration,
+    ) -> std::result::Result<(Child, Control), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log)
+            .map_err(|e| format!("open {}: {e}", self.log.display()))?;
+        let err_log = log
+            .try_clone()
+            .map_err(|e| format!("open {}: {e}", self.log.display()))?;
+        let mut child = std::process::Command::new(self.bin)
+            .args(["mount", "--mountpoint"])
+            .arg(self.mountpoint)
+            .arg("--control")
+            .arg(self.control)
+            .args(["--seed", &self.seed.to_string()])
+            .args(["--size-mb", &self.size_mb.to_string()])
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err_log)
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", self.bin.display()))?;
+        match Control::wait_ready(self.control, ready, Some(&mut child)) {
+            Ok(ctl) => Ok((child, ctl)),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let said = std::fs::read_to_string(self.log).unwrap_or_default();
+                Err(format!(
+                    "lazyfs at {}: {e}\n{}",
+                    self.mountpoint.display(),
+                    said.trim_end()
+                ))
+            }
+        }
+    }
+}
 
 pub struct Control {
     path: PathBuf,
